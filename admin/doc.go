@@ -1,0 +1,17 @@
+// Package admin is auroractl, the operator CLI: migrations, the idempotency
+// key, recovery of uncertain and quarantined items, cutover and the inbox's
+// dead letters.
+//
+// Every write command is read-only unless --yes is given; without it, it
+// prints the row, the change it would make and the expected-state map it
+// would send, and exits 0 without writing. Every command takes --json.
+//
+// Exit codes (stable, for scripts):
+//
+//	0  success (or a dry run)
+//	1  unexpected failure (database unreachable, bug)
+//	2  invalid input (bad flags or arguments)           ExitInvalidInput
+//	3  not found                                        ExitNotFound
+//	4  expected state mismatch: the row moved           ExitStateMismatch
+//	5  refused by a rule (mapping_changed, already_scheduled, …) ExitRefused
+package admin

@@ -1,0 +1,106 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit codes; see the package documentation.
+const (
+	ExitOK            = 0
+	ExitFailure       = 1
+	ExitInvalidInput  = 2
+	ExitNotFound      = 3
+	ExitStateMismatch = 4
+	ExitRefused       = 5
+)
+
+// ExitError carries an exit code and a one-line message that says what to
+// do.
+type ExitError struct {
+	Code int
+	Msg  string
+	Err  error
+}
+
+func (e *ExitError) Error() string { return e.Msg }
+
+// Unwrap returns the cause.
+func (e *ExitError) Unwrap() error { return e.Err }
+
+func invalidInput(format string, args ...any) error {
+	return &ExitError{Code: ExitInvalidInput, Msg: fmt.Sprintf(format, args...)}
+}
+
+// IO holds the streams a command writes to.
+type IO struct {
+	Out io.Writer
+	Err io.Writer
+}
+
+// NewRootCmd returns the auroractl command tree writing to streams.
+func NewRootCmd(streams IO) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "auroractl",
+		Short:         "Operate aurora: migrations, keys, recovery, cutover, inbox dead letters",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(streams.Out)
+	root.SetErr(streams.Err)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return &ExitError{Code: ExitInvalidInput, Msg: err.Error() + " (see --help)", Err: err}
+	})
+	root.AddCommand(
+		newKeyCmd(),
+		newMigrateCmd(),
+		// subcommands: add one line each, below this marker
+	)
+	return root
+}
+
+// Main runs auroractl with args and returns the process exit code. Errors
+// are printed as one line on streams.Err.
+func Main(ctx context.Context, args []string, streams IO) int {
+	root := NewRootCmd(streams)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	var ee *ExitError
+	if errors.As(err, &ee) {
+		fmt.Fprintln(streams.Err, "auroractl: "+ee.Msg)
+		return ee.Code
+	}
+	// cobra's own argument errors (unknown command, arg count) are invalid input.
+	msg := err.Error()
+	if strings.HasPrefix(msg, "unknown command") || strings.HasPrefix(msg, "accepts ") || strings.HasPrefix(msg, "requires ") ||
+		strings.HasPrefix(msg, "unknown flag") || strings.HasPrefix(msg, "required flag") {
+		fmt.Fprintln(streams.Err, "auroractl: "+msg+" (see --help)")
+		return ExitInvalidInput
+	}
+	fmt.Fprintln(streams.Err, "auroractl: "+msg)
+	return ExitFailure
+}
+
+// Actor resolves who is acting: flag, else AURORA_ACTOR, else the OS user.
+func Actor(flag string) string {
+	if strings.TrimSpace(flag) != "" {
+		return flag
+	}
+	if a := strings.TrimSpace(os.Getenv("AURORA_ACTOR")); a != "" {
+		return a
+	}
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return "unknown"
+}

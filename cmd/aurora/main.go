@@ -1,0 +1,99 @@
+// Command aurora runs every aurora service and the demo from one binary:
+//
+//	aurora relay            tail committed outbox rows into JetStream
+//	aurora deliverer        claim, send to Stripe, record outcomes
+//	aurora stripe-emulator  a local Stripe meter-events emulator
+//	aurora inbox            the Stripe webhook inbox and its worker
+//	aurora demo             the whole export pipeline on real usage
+//	aurora migrate          apply the schema (same as auroractl migrate up)
+//
+// Every service subcommand takes --validate: load and check its
+// configuration, print it without secrets, and exit (0 valid, 2 invalid).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/aurora-billing/aurora/migrations"
+	"github.com/aurora-billing/aurora/shared/config"
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:])
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string) int {
+	root := &cobra.Command{
+		Use:           "aurora",
+		Short:         "aurora moves billing facts between Postgres and Stripe with money-grade guarantees",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(
+		newMigrateCmd(),
+		// subcommands: add one line each, below this marker
+	)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(os.Stderr, "aurora: "+err.Error())
+	if errors.Is(err, config.ErrInvalid) || isUsageError(err) {
+		return 2
+	}
+	return 1
+}
+
+// usageError marks invalid command-line use (exit 2).
+type usageError struct{ error }
+
+func (u usageError) Unwrap() error { return u.error }
+
+func isUsageError(err error) bool {
+	var u usageError
+	return errors.As(err, &u)
+}
+
+// logger writes structured logs to stderr. Logs never carry payloads,
+// customer ids, signatures or keys.
+func logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+func newMigrateCmd() *cobra.Command {
+	var validate bool
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply pending schema migrations to AURORA_DATABASE_URL",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var db config.Database
+			if err := config.Load(&db); err != nil {
+				return err
+			}
+			if validate {
+				fmt.Fprintln(cmd.OutOrStdout(), "configuration valid")
+				return nil
+			}
+			res, err := migrations.Up(cmd.Context(), db.URL)
+			if err != nil {
+				return err
+			}
+			logger().Info("migrations applied", "count", len(res))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&validate, "validate", false, "check the configuration and exit")
+	return cmd
+}

@@ -1,0 +1,109 @@
+// Package migrations holds aurora's SQL schema as goose migrations embedded
+// in every binary, so any service or auroractl can migrate the database it
+// points at.
+//
+// Numbering: 00001–00099 export outbox (seed 000), 00100–00199 webhook inbox
+// (seed 003), 00200–00299 domain events (seed 004), 00300– reconciliation.
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+)
+
+//go:embed sql/*.sql
+var embedded embed.FS
+
+// FS returns the embedded migration files (names NNNNN_name.sql).
+func FS() fs.FS {
+	sub, err := fs.Sub(embedded, "sql")
+	if err != nil { // unreachable: the directory is embedded at build time
+		panic(err)
+	}
+	return sub
+}
+
+// ErrMigrate wraps every failure of Up and Status.
+var ErrMigrate = errors.New("migrations")
+
+// Result is one migration applied by Up.
+type Result struct {
+	Version  int64  `json:"version"`
+	Source   string `json:"source"`
+	Duration string `json:"duration"`
+}
+
+// Status is one migration's state as reported by Status.
+type Status struct {
+	Version   int64  `json:"version"`
+	Source    string `json:"source"`
+	Applied   bool   `json:"applied"`
+	AppliedAt string `json:"applied_at,omitempty"` // RFC 3339, empty when pending
+}
+
+func provider(databaseURL string) (*goose.Provider, *sql.DB, error) {
+	db, err := sql.Open("pgx", databaseURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: open: %w", ErrMigrate, err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, FS(), goose.WithTableName("aurora_schema_migrations"))
+	if err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("%w: %w", ErrMigrate, err)
+	}
+	return p, db, nil
+}
+
+// Up applies every pending migration to the database at databaseURL and
+// returns what it applied; a second call is a no-op returning no results.
+// Goose takes a Postgres advisory lock so concurrent callers serialise.
+// Errors wrap ErrMigrate.
+func Up(ctx context.Context, databaseURL string) ([]Result, error) {
+	p, db, err := provider(databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	res, err := p.Up(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: up: %w", ErrMigrate, err)
+	}
+	out := make([]Result, 0, len(res))
+	for _, r := range res {
+		out = append(out, Result{Version: r.Source.Version, Source: r.Source.Path, Duration: r.Duration.String()})
+	}
+	return out, nil
+}
+
+// StatusOf lists every known migration and whether it is applied. Errors wrap
+// ErrMigrate.
+func StatusOf(ctx context.Context, databaseURL string) ([]Status, error) {
+	p, db, err := provider(databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	st, err := p.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: status: %w", ErrMigrate, err)
+	}
+	out := make([]Status, 0, len(st))
+	for _, s := range st {
+		row := Status{Version: s.Source.Version, Source: s.Source.Path, Applied: s.State == goose.StateApplied}
+		if row.Applied {
+			row.AppliedAt = s.AppliedAt.UTC().Format("2006-01-02T15:04:05Z07:00")
+		}
+		out = append(out, row)
+	}
+	return out, nil
+}
+
+// keep the pgx database/sql driver registered
+var _ = stdlib.GetDefaultDriver

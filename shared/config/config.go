@@ -1,0 +1,218 @@
+// Package config loads aurora's configuration from AURORA_* environment
+// variables with caarlos0/env and validates every knob against its allowed
+// range. A binary refuses to start on an out-of-range value, naming the
+// variable and the range; every binary's --validate runs the same checks and
+// exits.
+//
+// Defaults and ranges of the outbox knobs are seed 000's ("The knobs").
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"reflect"
+	"strings"
+
+	"github.com/caarlos0/env/v10"
+)
+
+// Prefix is prepended to every variable name.
+const Prefix = "AURORA_"
+
+// ErrInvalid is wrapped by every configuration error.
+var ErrInvalid = errors.New("config: invalid")
+
+// RangeError is an out-of-range or malformed variable. It wraps ErrInvalid.
+type RangeError struct {
+	Var     string // full variable name, e.g. "AURORA_OUTBOX_LEASE_SECONDS"
+	Value   string // the value given
+	Allowed string // the allowed range or set, e.g. "5..3600 (seconds)"
+}
+
+func (e *RangeError) Error() string {
+	return fmt.Sprintf("config: %s=%s is out of range; allowed %s", e.Var, e.Value, e.Allowed)
+}
+
+// Unwrap returns ErrInvalid.
+func (e *RangeError) Unwrap() error { return ErrInvalid }
+
+// Validator is a configuration struct that checks its own ranges.
+type Validator interface {
+	Validate() error
+}
+
+// Load parses AURORA_* variables into dst (a pointer to a struct with env
+// tags) and validates it. Parse errors and range errors wrap ErrInvalid.
+func Load(dst Validator) error {
+	return LoadFrom(dst, nil)
+}
+
+// LoadFrom is Load over an explicit environment (nil = the process's).
+func LoadFrom(dst Validator, environ map[string]string) error {
+	opts := env.Options{Prefix: Prefix}
+	if environ != nil {
+		opts.Environment = environ
+	}
+	if err := env.ParseWithOptions(dst, opts); err != nil {
+		var agg env.AggregateError
+		if errors.As(err, &agg) {
+			for _, e := range agg.Errors {
+				var pe env.ParseError
+				if errors.As(e, &pe) {
+					if tag := envTag(reflect.TypeOf(dst), pe.Name); tag != "" {
+						return &RangeError{Var: Prefix + tag, Value: environValue(environ, Prefix+tag), Allowed: "a value of type " + pe.Type.String()}
+					}
+				}
+			}
+		}
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return dst.Validate()
+}
+
+// envTag finds the env tag of the field named name anywhere in t.
+func envTag(t reflect.Type, name string) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return ""
+	}
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if f.Name == name {
+			if tag, _, _ := strings.Cut(f.Tag.Get("env"), ","); tag != "" {
+				return tag
+			}
+		}
+		if f.Type.Kind() == reflect.Struct {
+			if tag := envTag(f.Type, name); tag != "" {
+				return tag
+			}
+		}
+	}
+	return ""
+}
+
+func environValue(environ map[string]string, key string) string {
+	if environ != nil {
+		return environ[key]
+	}
+	return os.Getenv(key)
+}
+
+// IntRange returns a *RangeError when v is outside [lo, hi].
+func IntRange(name string, v, lo, hi int, unit string) error {
+	if v < lo || v > hi {
+		allowed := fmt.Sprintf("%d..%d", lo, hi)
+		if unit != "" {
+			allowed += " (" + unit + ")"
+		}
+		return &RangeError{Var: Prefix + name, Value: fmt.Sprint(v), Allowed: allowed}
+	}
+	return nil
+}
+
+// OneOf returns a *RangeError when v is not in allowed.
+func OneOf(name, v string, allowed ...string) error {
+	for _, a := range allowed {
+		if v == a {
+			return nil
+		}
+	}
+	return &RangeError{Var: Prefix + name, Value: v, Allowed: strings.Join(allowed, "|")}
+}
+
+// URL returns a *RangeError when v is not an absolute URL with one of the
+// schemes.
+func URL(name, v string, schemes ...string) error {
+	u, err := url.Parse(v)
+	if err == nil && u.Host != "" {
+		for _, s := range schemes {
+			if u.Scheme == s {
+				return nil
+			}
+		}
+	}
+	shown := v
+	if err == nil {
+		shown = u.Redacted()
+	}
+	return &RangeError{Var: Prefix + name, Value: shown, Allowed: "a URL with scheme " + strings.Join(schemes, "|")}
+}
+
+// Database is the Postgres connection.
+type Database struct {
+	// URL of Postgres. AURORA_DATABASE_URL; defaults to the local server.
+	URL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/test"`
+}
+
+// Validate checks the URL's shape.
+func (d Database) Validate() error { return URL("DATABASE_URL", d.URL, "postgres", "postgresql") }
+
+// NATS is the JetStream connection.
+type NATS struct {
+	// URL of NATS. AURORA_NATS_URL; defaults to the local server.
+	URL string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
+}
+
+// Validate checks the URL's shape.
+func (n NATS) Validate() error { return URL("NATS_URL", n.URL, "nats", "tls", "ws", "wss") }
+
+// Outbox holds seed 000's knobs.
+type Outbox struct {
+	// LeaseSeconds: how long a claim lives before the item is claimable
+	// again (liveness only; fencing is lease_token). Default 120, 5..3600.
+	LeaseSeconds int `env:"OUTBOX_LEASE_SECONDS" envDefault:"120"`
+	// MaxAttempts: attempts after which a retryable failure becomes
+	// uncertain. Default 20, 1..1000.
+	MaxAttempts int `env:"OUTBOX_MAX_ATTEMPTS" envDefault:"20"`
+	// BatchSize: rows per claim/publish batch. Default 100, 1..1000.
+	BatchSize int `env:"OUTBOX_BATCH_SIZE" envDefault:"100"`
+	// BackoffBaseSeconds: first retry delay. Default 5, 1..3600.
+	BackoffBaseSeconds int `env:"OUTBOX_BACKOFF_BASE_SECONDS" envDefault:"5"`
+	// BackoffCapSeconds: largest retry delay. Default 900, base..86400.
+	BackoffCapSeconds int `env:"OUTBOX_BACKOFF_CAP_SECONDS" envDefault:"900"`
+	// UncertaintyHorizonSeconds: time since the first attempt after which a
+	// retry would leave Stripe's ≥ 24 h idempotency window, so the item
+	// becomes uncertain without sending. Default 82800 (23 h), 60..86399.
+	UncertaintyHorizonSeconds int `env:"UNCERTAINTY_HORIZON_SECONDS" envDefault:"82800"`
+}
+
+// Validate checks every knob's range. A horizon ≥ 86400 s is refused: it
+// would outlive Stripe's idempotency window and turn retries into new work.
+func (o Outbox) Validate() error {
+	return errors.Join(
+		IntRange("OUTBOX_LEASE_SECONDS", o.LeaseSeconds, 5, 3600, "seconds"),
+		IntRange("OUTBOX_MAX_ATTEMPTS", o.MaxAttempts, 1, 1000, ""),
+		IntRange("OUTBOX_BATCH_SIZE", o.BatchSize, 1, 1000, "rows"),
+		IntRange("OUTBOX_BACKOFF_BASE_SECONDS", o.BackoffBaseSeconds, 1, 3600, "seconds"),
+		IntRange("OUTBOX_BACKOFF_CAP_SECONDS", o.BackoffCapSeconds, o.BackoffBaseSeconds, 86400, "seconds, at least AURORA_OUTBOX_BACKOFF_BASE_SECONDS"),
+		IntRange("UNCERTAINTY_HORIZON_SECONDS", o.UncertaintyHorizonSeconds, 60, 86399, "seconds, below Stripe's 24 h idempotency window"),
+	)
+}
+
+// Export names where usage goes by default.
+type Export struct {
+	// StripeAccount: destination account of staged items. AURORA_STRIPE_ACCOUNT,
+	// default "acct_aurora_local".
+	StripeAccount string `env:"STRIPE_ACCOUNT" envDefault:"acct_aurora_local"`
+	// StripeMode: test|live. AURORA_STRIPE_MODE, default test.
+	StripeMode string `env:"STRIPE_MODE" envDefault:"test"`
+	// UsagePeriod: hour|day|month, the period a quantity is counted in.
+	// AURORA_USAGE_PERIOD, default day.
+	UsagePeriod string `env:"USAGE_PERIOD" envDefault:"day"`
+}
+
+// Validate checks the mode and period.
+func (e Export) Validate() error {
+	var acct error
+	if strings.TrimSpace(e.StripeAccount) == "" {
+		acct = &RangeError{Var: Prefix + "STRIPE_ACCOUNT", Value: "", Allowed: "a non-empty Stripe account id"}
+	}
+	return errors.Join(acct,
+		OneOf("STRIPE_MODE", e.StripeMode, "test", "live"),
+		OneOf("USAGE_PERIOD", e.UsagePeriod, "hour", "day", "month"))
+}

@@ -1,0 +1,71 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+type all struct {
+	Database
+	NATS
+	Outbox
+	Export
+}
+
+func (a *all) Validate() error {
+	return errors.Join(a.Database.Validate(), a.NATS.Validate(), a.Outbox.Validate(), a.Export.Validate())
+}
+
+func TestDefaultsAreSeed000s(t *testing.T) {
+	t.Parallel()
+	var c all
+	if err := LoadFrom(&c, map[string]string{}); err != nil {
+		t.Fatal(err)
+	}
+	want := Outbox{LeaseSeconds: 120, MaxAttempts: 20, BatchSize: 100, BackoffBaseSeconds: 5, BackoffCapSeconds: 900, UncertaintyHorizonSeconds: 82800}
+	if c.Outbox != want {
+		t.Fatalf("defaults %+v, want %+v", c.Outbox, want)
+	}
+}
+
+func TestOutOfRangeNamesVariableAndRange(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, value, wantVar, wantRange string
+	}{
+		{"AURORA_UNCERTAINTY_HORIZON_SECONDS", "86400", "AURORA_UNCERTAINTY_HORIZON_SECONDS", "60..86399"},
+		{"AURORA_OUTBOX_LEASE_SECONDS", "0", "AURORA_OUTBOX_LEASE_SECONDS", "5..3600"},
+		{"AURORA_OUTBOX_MAX_ATTEMPTS", "0", "AURORA_OUTBOX_MAX_ATTEMPTS", "1..1000"},
+		{"AURORA_OUTBOX_BATCH_SIZE", "5000", "AURORA_OUTBOX_BATCH_SIZE", "1..1000"},
+		{"AURORA_OUTBOX_BACKOFF_CAP_SECONDS", "1", "AURORA_OUTBOX_BACKOFF_CAP_SECONDS", "5..86400"},
+		{"AURORA_STRIPE_MODE", "prod", "AURORA_STRIPE_MODE", "test|live"},
+		{"AURORA_DATABASE_URL", "not a url", "AURORA_DATABASE_URL", "postgres"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var c all
+			err := LoadFrom(&c, map[string]string{tt.name: tt.value})
+			var re *RangeError
+			if !errors.As(err, &re) {
+				t.Fatalf("got %v, want *RangeError", err)
+			}
+			if re.Var != tt.wantVar || !strings.Contains(re.Allowed, tt.wantRange) {
+				t.Fatalf("got %+v, want var %s range %s", re, tt.wantVar, tt.wantRange)
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatal("does not wrap ErrInvalid")
+			}
+		})
+	}
+}
+
+func TestMalformedNumberIsInvalid(t *testing.T) {
+	t.Parallel()
+	var c all
+	err := LoadFrom(&c, map[string]string{"AURORA_OUTBOX_LEASE_SECONDS": "two minutes"})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "OUTBOX_LEASE_SECONDS") {
+		t.Fatalf("got %v", err)
+	}
+}

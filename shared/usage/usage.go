@@ -1,0 +1,216 @@
+// Package usage records usage facts in the caller's transaction: durable
+// usage events (the recording era), each staged as its own export item, and
+// buffered counters per (tenant, feature, period) (the buffered era, whose
+// windows the buffered reporter stages). Seed 000, "Identity…" and
+// "Durable events and corrections".
+package usage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/aurora-billing/aurora/shared/identity"
+	"github.com/aurora-billing/aurora/shared/outbox"
+	"github.com/jackc/pgx/v5"
+)
+
+// Period is the length of a usage period.
+type Period string
+
+const (
+	PeriodHour  Period = "hour"  // periods start on the UTC hour
+	PeriodDay   Period = "day"   // periods start at UTC midnight
+	PeriodMonth Period = "month" // periods start on the first of the UTC month
+)
+
+// Start returns the start (UTC) of the period that contains t.
+func (p Period) Start(t time.Time) time.Time {
+	t = t.UTC()
+	switch p {
+	case PeriodHour:
+		return t.Truncate(time.Hour)
+	case PeriodMonth:
+		return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+	case PeriodDay:
+		return time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
+	default:
+		return time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
+	}
+}
+
+// Valid reports whether p is hour, day or month.
+func (p Period) Valid() bool { return p == PeriodHour || p == PeriodDay || p == PeriodMonth }
+
+var (
+	// ErrInvalidEvent: an event failed validation; see *FieldError.
+	ErrInvalidEvent = errors.New("usage: invalid event")
+	// ErrEventConflict: (tenant, event_id) was already recorded with
+	// different content. Nothing was written.
+	ErrEventConflict = errors.New("usage: event_conflict")
+)
+
+// FieldError names the invalid field of an Event. It wraps ErrInvalidEvent.
+type FieldError struct{ Field, Reason string }
+
+func (e *FieldError) Error() string { return "usage: invalid " + e.Field + ": " + e.Reason }
+
+// Unwrap returns ErrInvalidEvent.
+func (e *FieldError) Unwrap() error { return ErrInvalidEvent }
+
+// Event is one durable usage fact. A correction names the event it corrects
+// in CorrectsEventID and carries the signed quantity to add (negative to
+// remove usage).
+type Event struct {
+	Tenant          string    // e.g. "org_123"
+	EventID         string    // unique per tenant; the idempotency of recording
+	Feature         string    // e.g. "api_calls"
+	Quantity        int64     // units of the feature
+	OccurredAt      time.Time // when the usage happened; becomes the meter event timestamp
+	CorrectsEventID string    // non-empty makes this a correction
+}
+
+// Kind returns event or correction.
+func (e Event) Kind() identity.SubjectKind {
+	if e.CorrectsEventID != "" {
+		return identity.SubjectCorrection
+	}
+	return identity.SubjectEvent
+}
+
+// Validate returns a *FieldError for the first bad field.
+func (e Event) Validate() error {
+	switch {
+	case strings.TrimSpace(e.Tenant) == "":
+		return &FieldError{"tenant", "must not be empty"}
+	case strings.TrimSpace(e.EventID) == "":
+		return &FieldError{"event_id", "must not be empty"}
+	case strings.TrimSpace(e.Feature) == "":
+		return &FieldError{"feature", "must not be empty"}
+	case e.OccurredAt.IsZero():
+		return &FieldError{"occurred_at", "must be set"}
+	case e.CorrectsEventID == "" && e.Quantity < 0:
+		return &FieldError{"quantity", "must be >= 0 for an event (use a correction to remove usage)"}
+	case e.CorrectsEventID == e.EventID:
+		return &FieldError{"corrects_event_id", "an event cannot correct itself"}
+	}
+	return nil
+}
+
+// Recorder records usage for one destination.
+type Recorder struct {
+	Exporter           string        // default outbox.DefaultExporter
+	DestinationAccount string        // Stripe account the items go to
+	Mode               identity.Mode // test | live
+	Period             Period        // default day
+}
+
+func (r Recorder) exporter() string {
+	if r.Exporter == "" {
+		return outbox.DefaultExporter
+	}
+	return r.Exporter
+}
+
+func (r Recorder) period() Period {
+	if !r.Period.Valid() {
+		return PeriodDay
+	}
+	return r.Period
+}
+
+// SubjectRef returns the subject_ref of an event's export item:
+// "event:<event_id>" or "correction:<event_id>".
+func SubjectRef(e Event) string { return string(e.Kind()) + ":" + e.EventID }
+
+// Record stores ev durably in tx, idempotently by (tenant, event_id), and
+// stages its export item in the same transaction. Recording the same event
+// again returns the item staged the first time and created=false; the same
+// event id with different content returns ErrEventConflict and writes
+// nothing. The item's mapping_version is the feature's current mapping
+// version on the destination account (0 when the feature is not mapped yet;
+// the deliverer then quarantines it feature_unmapped).
+//
+// opts are passed to outbox.Stage (e.g. outbox.WithQuarantine for an event in
+// a buffered period).
+func (r Recorder) Record(ctx context.Context, tx pgx.Tx, ev Event, opts ...outbox.StageOption) (row outbox.Row, created bool, err error) {
+	if err := ev.Validate(); err != nil {
+		return outbox.Row{}, false, err
+	}
+	var corrects *string
+	if ev.CorrectsEventID != "" {
+		corrects = &ev.CorrectsEventID
+	}
+	tag, err := tx.Exec(ctx, `
+		INSERT INTO usage_events (tenant, event_id, kind, feature, quantity, occurred_at, corrects_event_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)
+		ON CONFLICT (tenant, event_id) DO NOTHING`,
+		ev.Tenant, ev.EventID, string(ev.Kind()), ev.Feature, ev.Quantity, ev.OccurredAt.UTC(), corrects)
+	if err != nil {
+		return outbox.Row{}, false, fmt.Errorf("usage: record: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		var same bool
+		var itemID *int64
+		err := tx.QueryRow(ctx, `
+			SELECT kind = $3 AND feature = $4 AND quantity = $5 AND occurred_at = $6 AND corrects_event_id IS NOT DISTINCT FROM $7, item_id
+			FROM usage_events WHERE tenant = $1 AND event_id = $2`,
+			ev.Tenant, ev.EventID, string(ev.Kind()), ev.Feature, ev.Quantity, ev.OccurredAt.UTC(), corrects).Scan(&same, &itemID)
+		if err != nil {
+			return outbox.Row{}, false, fmt.Errorf("usage: record: read existing: %w", err)
+		}
+		if !same {
+			return outbox.Row{}, false, fmt.Errorf("%w: tenant event %q was recorded with different content", ErrEventConflict, ev.EventID)
+		}
+		if itemID != nil {
+			row, err := outbox.Get(ctx, tx, *itemID)
+			return row, false, err
+		}
+	}
+	var version int32
+	err = tx.QueryRow(ctx, `SELECT coalesce((SELECT mapping_version FROM meter_mappings WHERE destination_account = $1 AND feature = $2), 0)`,
+		r.DestinationAccount, ev.Feature).Scan(&version)
+	if err != nil {
+		return outbox.Row{}, false, fmt.Errorf("usage: record: mapping version: %w", err)
+	}
+	row, err = outbox.Stage(ctx, tx, outbox.Item{
+		Identity: identity.Identity{
+			Tenant: ev.Tenant, SubjectKind: ev.Kind(), SubjectRef: SubjectRef(ev), Exporter: r.exporter(),
+			DestinationAccount: r.DestinationAccount, Mode: r.Mode, MappingVersion: version,
+		},
+		Feature: ev.Feature, Quantity: ev.Quantity, OccurredAt: ev.OccurredAt, PeriodStart: r.period().Start(ev.OccurredAt),
+	}, opts...)
+	if err != nil {
+		return outbox.Row{}, false, err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE usage_events SET item_id = $3 WHERE tenant = $1 AND event_id = $2`, ev.Tenant, ev.EventID, row.ID); err != nil {
+		return outbox.Row{}, false, fmt.Errorf("usage: record: link item: %w", err)
+	}
+	return row, true, nil
+}
+
+// Increment adds n (≥ 0) to the buffered counter of (tenant, feature, the
+// period containing at) in tx and returns the new count.
+func (r Recorder) Increment(ctx context.Context, tx pgx.Tx, tenant, feature string, at time.Time, n int64) (int64, error) {
+	switch {
+	case strings.TrimSpace(tenant) == "":
+		return 0, &FieldError{"tenant", "must not be empty"}
+	case strings.TrimSpace(feature) == "":
+		return 0, &FieldError{"feature", "must not be empty"}
+	case n < 0:
+		return 0, &FieldError{"quantity", "must be >= 0"}
+	case at.IsZero():
+		return 0, &FieldError{"occurred_at", "must be set"}
+	}
+	var count int64
+	err := tx.QueryRow(ctx, `
+		INSERT INTO usage_counters (tenant, feature, period_start, count) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (tenant, feature, period_start) DO UPDATE SET count = usage_counters.count + EXCLUDED.count, updated_at = now()
+		RETURNING count`, tenant, feature, r.period().Start(at), n).Scan(&count)
+	if err != nil {
+		return 0, fmt.Errorf("usage: increment: %w", err)
+	}
+	return count, nil
+}
