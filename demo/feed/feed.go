@@ -1,0 +1,308 @@
+// Package feed turns usage input into usage events for the demo and for
+// replays: Apache/nginx access logs (common or combined format), a JSONL
+// usage format, or a deterministic generator.
+//
+// Access logs: each request is one unit of api_calls, and its response
+// bytes are egress_bytes (a "-" byte count is zero and stages no egress
+// event). The client host becomes a tenant, anonymised stably as
+// "tn_" + the first 12 hex characters of SHA-256("aurora-demo-tenant:" +
+// host), so no address reaches the database, the logs or Stripe. Event ids
+// are "<source>:<line>:<feature>", so replaying the same file is idempotent.
+//
+// JSONL: one object per line:
+//
+//	{"tenant":"org_123","event_id":"req-1","feature":"api_calls","quantity":1,
+//	 "timestamp":"2026-09-01T10:00:00Z"}
+//
+// with an optional "corrects":"<event_id>" making it a correction.
+//
+// A malformed line is counted and reported with its line number (the first
+// MaxReported), never staged, and never aborts the read.
+package feed
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aurora-billing/aurora/shared/usage"
+)
+
+// Features produced by access logs.
+const (
+	FeatureAPICalls    = "api_calls"
+	FeatureEgressBytes = "egress_bytes"
+)
+
+// MaxReported is how many malformed lines are kept with their line numbers.
+const MaxReported = 5
+
+// Format of an input.
+type Format string
+
+const (
+	FormatAccessLog Format = "access-log"
+	FormatJSONL     Format = "jsonl"
+)
+
+// ErrUnknownFormat: the input is neither an access log nor JSONL.
+var ErrUnknownFormat = errors.New("feed: unknown input format")
+
+// Malformed is one rejected input line.
+type Malformed struct {
+	Line   int    `json:"line"`
+	Reason string `json:"reason"`
+}
+
+// Result is what a read produced.
+type Result struct {
+	Events         []usage.Event
+	Lines          int         // lines read, blank lines excluded
+	MalformedLines int         // lines rejected
+	FirstMalformed []Malformed // the first MaxReported rejected lines
+	Tenants        int         // distinct tenants
+}
+
+func (r *Result) reject(line int, reason string) {
+	r.MalformedLines++
+	if len(r.FirstMalformed) < MaxReported {
+		r.FirstMalformed = append(r.FirstMalformed, Malformed{Line: line, Reason: reason})
+	}
+}
+
+func (r *Result) countTenants() {
+	seen := map[string]struct{}{}
+	for _, e := range r.Events {
+		seen[e.Tenant] = struct{}{}
+	}
+	r.Tenants = len(seen)
+}
+
+// Rebase shifts every timestamp by the same amount so the newest lands at
+// now; relative order and spacing are kept.
+func (r *Result) Rebase(now time.Time) {
+	var newest time.Time
+	for _, e := range r.Events {
+		if e.OccurredAt.After(newest) {
+			newest = e.OccurredAt
+		}
+	}
+	if newest.IsZero() {
+		return
+	}
+	shift := now.Sub(newest)
+	for i := range r.Events {
+		r.Events[i].OccurredAt = r.Events[i].OccurredAt.Add(shift).Truncate(time.Second)
+	}
+}
+
+// Detect guesses the format from the first non-blank line: "{" → JSONL,
+// otherwise an access log.
+func Detect(head []byte) Format {
+	for _, line := range bytes.Split(head, []byte("\n")) {
+		t := bytes.TrimSpace(line)
+		if len(t) == 0 {
+			continue
+		}
+		if t[0] == '{' {
+			return FormatJSONL
+		}
+		return FormatAccessLog
+	}
+	return FormatAccessLog
+}
+
+// Read parses r in format f; source names the input in event ids. Only I/O
+// errors are returned; bad lines are counted in the Result.
+func Read(r io.Reader, f Format, source string) (*Result, error) {
+	switch f {
+	case FormatAccessLog:
+		return readAccessLog(r, source)
+	case FormatJSONL:
+		return readJSONL(r)
+	default:
+		return nil, fmt.Errorf("%w: %q (want access-log or jsonl)", ErrUnknownFormat, string(f))
+	}
+}
+
+// Tenant anonymises a client host (see the package documentation).
+func Tenant(host string) string {
+	sum := sha256.Sum256([]byte("aurora-demo-tenant:" + host))
+	return "tn_" + hex.EncodeToString(sum[:6])
+}
+
+func scanner(r io.Reader) *bufio.Scanner {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	return sc
+}
+
+func readAccessLog(r io.Reader, source string) (*Result, error) {
+	res := &Result{}
+	sc := scanner(r)
+	n := 0
+	for sc.Scan() {
+		n++
+		line := strings.TrimSpace(sc.Text())
+		if line == "" {
+			continue
+		}
+		res.Lines++
+		rec, err := ParseAccessLine(line)
+		if err != nil {
+			res.reject(n, err.Error())
+			continue
+		}
+		tenant := Tenant(rec.Host)
+		id := fmt.Sprintf("%s:%d:", source, n)
+		res.Events = append(res.Events, usage.Event{Tenant: tenant, EventID: id + FeatureAPICalls, Feature: FeatureAPICalls, Quantity: 1, OccurredAt: rec.Time})
+		if rec.Bytes > 0 {
+			res.Events = append(res.Events, usage.Event{Tenant: tenant, EventID: id + FeatureEgressBytes, Feature: FeatureEgressBytes, Quantity: rec.Bytes, OccurredAt: rec.Time})
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("feed: read line %d: %w", n+1, err)
+	}
+	res.countTenants()
+	return res, nil
+}
+
+// AccessRecord is the part of an access-log line aurora uses.
+type AccessRecord struct {
+	Host   string
+	Time   time.Time
+	Status int
+	Bytes  int64 // 0 for "-"
+}
+
+const accessTimeLayout = "02/Jan/2006:15:04:05 -0700"
+
+// ParseAccessLine parses one common/combined log line: host ident user
+// [time] "request" status bytes ["referer" "user-agent"]. Referer and user
+// agent are ignored (and may be truncated). Errors say which field is bad.
+func ParseAccessLine(line string) (AccessRecord, error) {
+	var rec AccessRecord
+	host, rest, ok := strings.Cut(line, " ")
+	if !ok || host == "" {
+		return rec, errors.New("missing client host")
+	}
+	rec.Host = host
+	open := strings.IndexByte(rest, '[')
+	closeIdx := strings.IndexByte(rest, ']')
+	if open < 0 || closeIdx < open {
+		return rec, errors.New("missing [time]")
+	}
+	t, err := time.Parse(accessTimeLayout, rest[open+1:closeIdx])
+	if err != nil {
+		return rec, errors.New("bad time")
+	}
+	rec.Time = t.UTC()
+	rest = strings.TrimSpace(rest[closeIdx+1:])
+	if !strings.HasPrefix(rest, `"`) {
+		return rec, errors.New("missing quoted request")
+	}
+	end := strings.Index(rest[1:], `" `)
+	if end < 0 {
+		return rec, errors.New("unterminated request")
+	}
+	rest = strings.TrimSpace(rest[end+2:])
+	fields := strings.Fields(rest)
+	if len(fields) < 2 {
+		return rec, errors.New("missing status or bytes")
+	}
+	status, err := strconv.Atoi(fields[0])
+	if err != nil || status < 100 || status > 599 {
+		return rec, errors.New("bad status")
+	}
+	rec.Status = status
+	if fields[1] != "-" {
+		b, err := strconv.ParseInt(fields[1], 10, 64)
+		if err != nil || b < 0 {
+			return rec, errors.New("bad byte count")
+		}
+		rec.Bytes = b
+	}
+	return rec, nil
+}
+
+type jsonlRecord struct {
+	Tenant    string  `json:"tenant"`
+	EventID   string  `json:"event_id"`
+	Feature   string  `json:"feature"`
+	Quantity  *int64  `json:"quantity"`
+	Timestamp string  `json:"timestamp"`
+	Corrects  *string `json:"corrects"`
+}
+
+func readJSONL(r io.Reader) (*Result, error) {
+	res := &Result{}
+	sc := scanner(r)
+	n := 0
+	for sc.Scan() {
+		n++
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		res.Lines++
+		dec := json.NewDecoder(bytes.NewReader(line))
+		dec.DisallowUnknownFields()
+		var rec jsonlRecord
+		if err := dec.Decode(&rec); err != nil {
+			res.reject(n, "invalid JSON object")
+			continue
+		}
+		if rec.Quantity == nil {
+			res.reject(n, "missing quantity")
+			continue
+		}
+		ts, err := time.Parse(time.RFC3339, rec.Timestamp)
+		if err != nil {
+			res.reject(n, "timestamp must be RFC 3339")
+			continue
+		}
+		ev := usage.Event{Tenant: rec.Tenant, EventID: rec.EventID, Feature: rec.Feature, Quantity: *rec.Quantity, OccurredAt: ts.UTC()}
+		if rec.Corrects != nil {
+			ev.CorrectsEventID = *rec.Corrects
+		}
+		if err := ev.Validate(); err != nil {
+			res.reject(n, err.Error())
+			continue
+		}
+		res.Events = append(res.Events, ev)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("feed: read line %d: %w", n+1, err)
+	}
+	res.countTenants()
+	return res, nil
+}
+
+// Generate returns a deterministic synthetic workload: events spread over
+// the hour before now across tenants tn_gen_000…, each an api_calls unit,
+// with egress_bytes on three of four requests. The same seed gives the same
+// events (apart from the shift to now).
+func Generate(seed uint64, tenants, requests int, now time.Time) *Result {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	res := &Result{Lines: requests}
+	for i := range requests {
+		tenant := fmt.Sprintf("tn_gen_%03d", rng.IntN(max(tenants, 1)))
+		at := now.Add(-time.Duration(rng.Int64N(int64(time.Hour)))).Truncate(time.Second).UTC()
+		id := fmt.Sprintf("gen-%d:%d:", seed, i)
+		res.Events = append(res.Events, usage.Event{Tenant: tenant, EventID: id + FeatureAPICalls, Feature: FeatureAPICalls, Quantity: 1, OccurredAt: at})
+		if rng.IntN(4) != 0 {
+			res.Events = append(res.Events, usage.Event{Tenant: tenant, EventID: id + FeatureEgressBytes, Feature: FeatureEgressBytes, Quantity: 200 + rng.Int64N(200_000), OccurredAt: at})
+		}
+	}
+	res.countTenants()
+	return res
+}
