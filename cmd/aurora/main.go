@@ -41,6 +41,7 @@ func run(ctx context.Context, args []string) int {
 	}
 	root.AddCommand(
 		newMigrateCmd(),
+		newProbeCmd(),
 		// subcommands: add one line each, below this marker
 	)
 	root.SetArgs(args)
