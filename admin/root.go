@@ -61,6 +61,7 @@ func NewRootCmd(streams IO) *cobra.Command {
 	root.AddCommand(
 		newKeyCmd(),
 		newMigrateCmd(),
+		newProvisionCmd(),
 		// subcommands: add one line each, below this marker
 	)
 	return root

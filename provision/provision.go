@@ -1,0 +1,158 @@
+// Package provision sets up what a deployment needs before usage can be
+// sent: the destination Stripe account (with its mode and a confirmed
+// flag), a Stripe meter per feature with the matching meter_mappings row,
+// and a Stripe customer per tenant with its tenant_billing row.
+//
+// These are the code paths an operator uses (auroractl provision …) and the
+// demo uses against the emulator. Each call is idempotent: an existing
+// mapping or customer is reused, never created twice.
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/aurora-billing/aurora/shared/identity"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stripe/stripe-go/v76"
+	"github.com/stripe/stripe-go/v76/client"
+)
+
+// Payload keys aurora's meters use: the meter event payload carries the
+// customer under CustomerKey and the quantity under ValueKey.
+const (
+	CustomerKey = "stripe_customer_id"
+	ValueKey    = "value"
+)
+
+// ErrInvalid: bad input (empty account, feature or tenant, unknown mode).
+var ErrInvalid = errors.New("provision: invalid input")
+
+// NewAPI returns a stripe-go client for key at baseURL ("" = Stripe's own
+// API). Library retries are off: callers own their retry policy.
+func NewAPI(key, baseURL string, httpClient *http.Client) *client.API {
+	cfg := &stripe.BackendConfig{MaxNetworkRetries: stripe.Int64(0), LeveledLogger: &stripe.LeveledLogger{Level: stripe.LevelNull}}
+	if baseURL != "" {
+		cfg.URL = stripe.String(strings.TrimRight(baseURL, "/"))
+	}
+	if httpClient != nil {
+		cfg.HTTPClient = httpClient
+	}
+	api := &client.API{}
+	api.Init(key, &stripe.Backends{
+		API:     stripe.GetBackendWithConfig(stripe.APIBackend, cfg),
+		Connect: stripe.GetBackendWithConfig(stripe.ConnectBackend, cfg),
+		Uploads: stripe.GetBackendWithConfig(stripe.UploadsBackend, cfg),
+	})
+	return api
+}
+
+// Account records the destination account, its mode and whether an
+// operator confirmed it (unconfirmed accounts quarantine their items with
+// account_unconfirmed).
+func Account(ctx context.Context, pool *pgxpool.Pool, accountID string, mode identity.Mode, confirmed bool) error {
+	if strings.TrimSpace(accountID) == "" {
+		return fmt.Errorf("%w: account id is empty", ErrInvalid)
+	}
+	if !mode.Valid() {
+		return fmt.Errorf("%w: mode %q is not test|live", ErrInvalid, string(mode))
+	}
+	_, err := pool.Exec(ctx, `
+		INSERT INTO stripe_accounts (account_id, mode, confirmed, confirmed_at)
+		VALUES ($1, $2, $3, CASE WHEN $3 THEN now() END)
+		ON CONFLICT (account_id) DO UPDATE SET mode = EXCLUDED.mode, confirmed = EXCLUDED.confirmed,
+			confirmed_at = CASE WHEN EXCLUDED.confirmed THEN coalesce(stripe_accounts.confirmed_at, now()) END,
+			updated_at = now()`, accountID, string(mode), confirmed)
+	if err != nil {
+		return fmt.Errorf("provision: account: %w", err)
+	}
+	return nil
+}
+
+// Mapping is a feature's meter on an account.
+type Mapping struct {
+	Feature        string `json:"feature"`
+	MeterID        string `json:"meter_id"`
+	EventName      string `json:"event_name"`
+	MappingVersion int32  `json:"mapping_version"`
+	Created        bool   `json:"created"` // a meter was created at Stripe by this call
+}
+
+// Meter makes sure feature has a Stripe meter (sum of ValueKey, customer by
+// CustomerKey) whose event name is eventName, and a meter_mappings row
+// pointing at it. An existing mapping with the same event name is reused; a
+// different event name creates a new meter and bumps mapping_version (items
+// built for the old version are then refused on requeue with
+// mapping_changed).
+func Meter(ctx context.Context, pool *pgxpool.Pool, api *client.API, account, feature, eventName string) (Mapping, error) {
+	if strings.TrimSpace(account) == "" || strings.TrimSpace(feature) == "" || strings.TrimSpace(eventName) == "" {
+		return Mapping{}, fmt.Errorf("%w: account, feature and event name are required", ErrInvalid)
+	}
+	m := Mapping{Feature: feature}
+	err := pool.QueryRow(ctx, `SELECT meter_id, event_name, mapping_version FROM meter_mappings WHERE destination_account = $1 AND feature = $2`,
+		account, feature).Scan(&m.MeterID, &m.EventName, &m.MappingVersion)
+	if err == nil && m.EventName == eventName {
+		return m, nil
+	}
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return Mapping{}, fmt.Errorf("provision: meter: %w", err)
+	}
+	meter, err := api.BillingMeters.New(&stripe.BillingMeterParams{
+		DisplayName:        stripe.String(feature),
+		EventName:          stripe.String(eventName),
+		DefaultAggregation: &stripe.BillingMeterDefaultAggregationParams{Formula: stripe.String("sum")},
+		CustomerMapping:    &stripe.BillingMeterCustomerMappingParams{EventPayloadKey: stripe.String(CustomerKey), Type: stripe.String("by_id")},
+		ValueSettings:      &stripe.BillingMeterValueSettingsParams{EventPayloadKey: stripe.String(ValueKey)},
+	})
+	if err != nil {
+		return Mapping{}, fmt.Errorf("provision: create meter for %s: %w", feature, err)
+	}
+	err = pool.QueryRow(ctx, `
+		INSERT INTO meter_mappings (destination_account, feature, meter_id, event_name, customer_key, value_key)
+		VALUES ($1, $2, $3, $4, $5, $6)
+		ON CONFLICT (destination_account, feature) DO UPDATE SET meter_id = EXCLUDED.meter_id, event_name = EXCLUDED.event_name,
+			customer_key = EXCLUDED.customer_key, value_key = EXCLUDED.value_key,
+			mapping_version = meter_mappings.mapping_version + 1, updated_at = now()
+		RETURNING mapping_version`, account, feature, meter.ID, eventName, CustomerKey, ValueKey).Scan(&m.MappingVersion)
+	if err != nil {
+		return Mapping{}, fmt.Errorf("provision: meter mapping: %w", err)
+	}
+	m.MeterID, m.EventName, m.Created = meter.ID, eventName, true
+	return m, nil
+}
+
+// Customer makes sure tenant has a Stripe customer on account and returns
+// its id. The customer is created with metadata aurora_tenant=<tenant> and
+// an idempotency key derived from (account, tenant), so a crash between the
+// Stripe call and the insert cannot create a second customer.
+func Customer(ctx context.Context, pool *pgxpool.Pool, api *client.API, account, tenant string) (string, bool, error) {
+	if strings.TrimSpace(account) == "" || strings.TrimSpace(tenant) == "" {
+		return "", false, fmt.Errorf("%w: account and tenant are required", ErrInvalid)
+	}
+	var existing *string
+	err := pool.QueryRow(ctx, `SELECT stripe_customer FROM tenant_billing WHERE tenant = $1 AND destination_account = $2`, tenant, account).Scan(&existing)
+	if err == nil && existing != nil {
+		return *existing, false, nil
+	}
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return "", false, fmt.Errorf("provision: customer: %w", err)
+	}
+	params := &stripe.CustomerParams{Metadata: map[string]string{"aurora_tenant": tenant}}
+	params.SetIdempotencyKey("aurora-customer-" + identity.Key(tenant, identity.SubjectEvent, "customer", account))
+	cus, err := api.Customers.New(params)
+	if err != nil {
+		return "", false, fmt.Errorf("provision: create customer: %w", err)
+	}
+	_, err = pool.Exec(ctx, `
+		INSERT INTO tenant_billing (tenant, destination_account, stripe_customer) VALUES ($1, $2, $3)
+		ON CONFLICT (tenant, destination_account) DO UPDATE SET stripe_customer = EXCLUDED.stripe_customer, updated_at = now()`,
+		tenant, account, cus.ID)
+	if err != nil {
+		return "", false, fmt.Errorf("provision: tenant billing: %w", err)
+	}
+	return cus.ID, true, nil
+}
