@@ -84,10 +84,14 @@ const (
 	// ReasonProviderConfiguration: Stripe refused the request naming a
 	// configuration cause (e.g. no such meter or customer).
 	ReasonProviderConfiguration Reason = "provider_configuration"
+	// ReasonNegativeQuantity: a correction with a negative quantity. Stripe
+	// meter events cannot carry negative values; the deliverer quarantines
+	// it rather than send a wrong positive or drop it (docs/deliverer.md).
+	ReasonNegativeQuantity Reason = "negative_quantity"
 )
 
 // Reasons lists every quarantine reason.
-var Reasons = []Reason{ReasonFeatureUnmapped, ReasonCustomerMissing, ReasonAccountUnconfirmed, ReasonModeMismatch, ReasonPeriodBuffered, ReasonTimestampOutsideWindow, ReasonProviderConfiguration}
+var Reasons = []Reason{ReasonFeatureUnmapped, ReasonCustomerMissing, ReasonAccountUnconfirmed, ReasonModeMismatch, ReasonPeriodBuffered, ReasonTimestampOutsideWindow, ReasonProviderConfiguration, ReasonNegativeQuantity}
 
 // Valid reports whether r is a known reason.
 func (r Reason) Valid() bool {
