@@ -1,0 +1,269 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aurora-billing/aurora/shared/outbox"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// claimDueSQL selects up to $2 rows that need their current dispatch
+// published: due (pending with next_attempt_at <= now, or leased with an
+// expired lease) and published_dispatch < dispatch. It reads
+// outbox_items_unpublished_idx in due order. There is no cursor: a row whose
+// transaction commits after a higher id's is simply due and unpublished when
+// it becomes visible (FACTS.md: sequence ids are handed out at insert, not
+// commit). FOR UPDATE SKIP LOCKED: concurrent workers and relays take
+// disjoint rows, and the locks, held until the marks commit, keep anyone else
+// from publishing the same dispatch meanwhile.
+const claimDueSQL = `
+SELECT id, idempotency_key, exporter, tenant, dispatch
+FROM outbox_items
+WHERE state IN ('pending', 'leased') AND published_dispatch < dispatch
+  AND ((state = 'pending' AND next_attempt_at <= coalesce($1::timestamptz, now()))
+    OR (state = 'leased' AND lease_expires_at < coalesce($1::timestamptz, now())))
+ORDER BY next_attempt_at
+LIMIT $2
+FOR UPDATE SKIP LOCKED`
+
+// markPublishedSQL records the PubAck'd dispatch of each locked row. The
+// dispatch check is belt and braces: the batch holds the row locks, so no
+// one can have changed it.
+const markPublishedSQL = `
+UPDATE outbox_items o
+SET published_dispatch = p.dispatch, published_at = coalesce($3::timestamptz, now())
+FROM unnest($1::bigint[], $2::int[]) AS p(id, dispatch)
+WHERE o.id = p.id AND o.dispatch = p.dispatch`
+
+// claimed is one row of a batch.
+type claimed struct {
+	id       int64
+	key      string
+	exporter string
+	tenant   string
+	dispatch int32
+}
+
+// message builds the row's JetStream message: subject
+// aurora.outbox.<exporter>.<tenant-token>, Nats-Msg-Id key.dispatch, the
+// outbox.Message body, and Nats-Expected-Stream so a stray stream capturing
+// the subject is refused rather than fed.
+func (c claimed) message() *nats.Msg {
+	return &nats.Msg{
+		Subject: outbox.Subject(c.exporter, c.tenant),
+		Data:    outbox.Message{ItemID: c.id, Key: c.key, Dispatch: c.dispatch}.Encode(),
+		Header: nats.Header{
+			jetstream.MsgIDHeader:          []string{outbox.MsgID(c.key, c.dispatch)},
+			jetstream.ExpectedStreamHeader: []string{outbox.StreamName},
+		},
+	}
+}
+
+// batch claims up to BatchSize due, unpublished rows in one transaction,
+// publishes them asynchronously, marks the acknowledged ones and commits. It
+// returns the number of rows claimed. Rows whose publish failed stay
+// unpublished and locked only until the commit; the error (the first
+// publish error, or a database error) makes the worker back off. A graceful
+// stop lets a started batch finish: it runs on a context detached from ctx's
+// cancellation, bounded by the publish timeout plus 10 s for the database.
+func (r *Relay) batch(ctx context.Context) (int, error) {
+	if r.streamMissing.Load() {
+		if _, err := EnsureStream(ctx, r.js, r.cfg.Stream); err != nil {
+			return 0, err
+		}
+		r.streamMissing.Store(false)
+	}
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.publishTimeout()+10*time.Second)
+	defer cancel()
+	tx, err := r.pool.Begin(bctx)
+	if err != nil {
+		return 0, fmt.Errorf("relay: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(bctx)) //nolint:errcheck // after Commit, a no-op
+
+	rows, err := tx.Query(bctx, claimDueSQL, r.clk.Override(), r.cfg.Outbox.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("relay: claim: %w", err)
+	}
+	var items []claimed
+	for rows.Next() {
+		var c claimed
+		if err := rows.Scan(&c.id, &c.key, &c.exporter, &c.tenant, &c.dispatch); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("relay: claim scan: %w", err)
+		}
+		items = append(items, c)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("relay: claim: %w", err)
+	}
+	if len(items) == 0 {
+		return 0, tx.Commit(bctx)
+	}
+
+	acked, pubErr := r.publish(bctx, items)
+
+	if h := r.hooks.afterPublish; h != nil {
+		ids := make([]int64, len(acked))
+		for i, c := range acked {
+			ids[i] = c.id
+		}
+		if err := h(bctx, ids); err != nil {
+			return len(items), &fatalError{err}
+		}
+	}
+	if len(acked) > 0 {
+		ids := make([]int64, len(acked))
+		dispatches := make([]int32, len(acked))
+		for i, c := range acked {
+			ids[i], dispatches[i] = c.id, c.dispatch
+		}
+		tag, err := tx.Exec(bctx, markPublishedSQL, ids, dispatches, r.clk.Override())
+		if err != nil {
+			return len(items), fmt.Errorf("relay: mark published: %w", err)
+		}
+		if tag.RowsAffected() != int64(len(acked)) {
+			return len(items), fmt.Errorf("%w: %d marked, %d acknowledged", ErrMarkMismatch, tag.RowsAffected(), len(acked))
+		}
+	}
+	if err := tx.Commit(bctx); err != nil {
+		// The marks are lost, the messages are not: the rows are published
+		// again with the same dispatch and JetStream drops the copies.
+		return len(items), fmt.Errorf("relay: commit: %w", err)
+	}
+	r.m.published.Add(float64(len(acked)))
+	if h := r.hooks.afterCommit; h != nil && len(acked) > 0 {
+		ids := make([]int64, len(acked))
+		for i, c := range acked {
+			ids[i] = c.id
+		}
+		h(ids)
+	}
+	return len(items), pubErr
+}
+
+// publish sends every item asynchronously, at most MaxInflight unacknowledged
+// across all workers, and waits for the PubAcks until the publish timeout.
+// It returns the acknowledged items (a duplicate PubAck counts: JetStream
+// already holds this dispatch's message) and the first error.
+func (r *Relay) publish(ctx context.Context, items []claimed) ([]claimed, error) {
+	type future struct {
+		item claimed
+		paf  jetstream.PubAckFuture
+	}
+	futures := make([]future, 0, len(items))
+	acked := make([]claimed, 0, len(items))
+	var firstErr error
+	fail := func(err error) {
+		r.m.publishErrors.WithLabelValues(errKind(err)).Inc()
+		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+			r.streamMissing.Store(true)
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	timer := time.NewTimer(r.cfg.publishTimeout())
+	defer timer.Stop()
+	expired := false
+	waited := 0
+	// resolve waits for futures[waited] and frees its in-flight slot.
+	resolve := func() {
+		f := futures[waited]
+		waited++
+		defer func() { <-r.inflight }()
+		if !expired {
+			select {
+			case ack := <-f.paf.Ok():
+				if err := r.ack(ack, f.item, &acked); err != nil {
+					fail(err)
+				}
+				return
+			case err := <-f.paf.Err():
+				fail(err)
+				return
+			case <-timer.C:
+				expired = true
+			}
+		}
+		select { // past the deadline: take what has arrived
+		case ack := <-f.paf.Ok():
+			if err := r.ack(ack, f.item, &acked); err != nil {
+				fail(err)
+			}
+		case err := <-f.paf.Err():
+			fail(err)
+		default:
+			fail(ErrPublishTimeout)
+		}
+	}
+
+	for _, it := range items {
+		// Take an in-flight slot. While none is free, settle our own oldest
+		// future first (so two workers never wait on each other), then wait
+		// for a peer to free one.
+		for acquired := false; !acquired; {
+			select {
+			case r.inflight <- struct{}{}:
+				acquired = true
+				continue
+			default:
+			}
+			if waited < len(futures) {
+				resolve()
+				continue
+			}
+			select {
+			case r.inflight <- struct{}{}:
+				acquired = true
+			case <-ctx.Done():
+				fail(ctx.Err())
+				for waited < len(futures) {
+					resolve()
+				}
+				return acked, firstErr
+			}
+		}
+		paf, err := r.js.PublishMsgAsync(it.message())
+		if err != nil {
+			<-r.inflight
+			fail(err)
+			continue
+		}
+		futures = append(futures, future{item: it, paf: paf})
+	}
+	for waited < len(futures) {
+		resolve()
+	}
+	return acked, firstErr
+}
+
+// ack records one PubAck. A PubAck from another stream cannot happen
+// (Nats-Expected-Stream) but is refused rather than trusted.
+func (r *Relay) ack(a *jetstream.PubAck, it claimed, acked *[]claimed) error {
+	if a == nil || a.Stream != outbox.StreamName {
+		return fmt.Errorf("relay: PubAck from an unexpected stream")
+	}
+	if a.Duplicate {
+		r.m.duplicates.Inc()
+	}
+	*acked = append(*acked, it)
+	return nil
+}
+
+func errKind(err error) string {
+	switch {
+	case errors.Is(err, ErrPublishTimeout), errors.Is(err, jetstream.ErrAsyncPublishTimeout), errors.Is(err, context.DeadlineExceeded):
+		return errKindTimeout
+	case errors.Is(err, nats.ErrDisconnected), errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrReconnectBufExceeded):
+		return errKindDisconnected
+	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
+		return errKindNoStream
+	default:
+		return errKindOther
+	}
+}

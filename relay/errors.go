@@ -1,0 +1,20 @@
+package relay
+
+import "errors"
+
+var (
+	// ErrStreamConfig: the AURORA_OUTBOX stream exists with settings
+	// JetStream refuses to update (or the server refused the configuration).
+	// Not retried: an operator must fix the stream or the knobs.
+	ErrStreamConfig = errors.New("relay: stream configuration refused")
+	// ErrPublishTimeout: no PubAck arrived within AURORA_RELAY_PUBLISH_TIMEOUT_MS.
+	// The row stays unpublished and is published again (same dispatch, so
+	// JetStream drops the copy if the first one did arrive).
+	ErrPublishTimeout = errors.New("relay: no PubAck within the publish timeout")
+	// ErrMarkMismatch: fewer rows were marked published than were
+	// acknowledged, which the row locks held by the batch should make
+	// impossible; the batch rolls back and its rows are published again.
+	ErrMarkMismatch = errors.New("relay: marked rows differ from acknowledged rows")
+	// ErrNilDependency: New was given a nil pool or JetStream context.
+	ErrNilDependency = errors.New("relay: nil dependency")
+)

@@ -1,0 +1,53 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aurora-billing/aurora/shared/outbox"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// StreamSubjects are the subjects of the AURORA_OUTBOX stream:
+// aurora.outbox.<exporter>.<tenant-token> (outbox.Subject).
+var StreamSubjects = []string{outbox.SubjectPrefix + ".>"}
+
+// StreamConfigFor returns the JetStream configuration of the AURORA_OUTBOX
+// stream: work-queue retention (a message leaves the stream when a deliverer
+// acks it), file storage, cfg's replicas and duplicate window.
+func StreamConfigFor(cfg StreamConfig) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        outbox.StreamName,
+		Description: "aurora export outbox: item is ready for an attempt (Postgres is the truth)",
+		Subjects:    StreamSubjects,
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		Duplicates:  time.Duration(cfg.DuplicateWindowSeconds) * time.Second,
+		Discard:     jetstream.DiscardOld,
+	}
+}
+
+// EnsureStream creates the AURORA_OUTBOX stream or updates it to cfg; it is
+// idempotent and safe to call from every relay, deliverer and the demo at
+// start. cfg is validated first (a *config.RangeError on a bad knob). A
+// stream that exists with settings JetStream refuses to change (retention,
+// storage, another stream owning the subjects) returns an error wrapping
+// ErrStreamConfig; other errors (no JetStream reachable) are returned as they
+// come and are worth retrying.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s, err := js.CreateOrUpdateStream(ctx, StreamConfigFor(cfg))
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) {
+			return nil, fmt.Errorf("%w: %s: %w", ErrStreamConfig, outbox.StreamName, err)
+		}
+		return nil, fmt.Errorf("relay: ensure stream %s: %w", outbox.StreamName, err)
+	}
+	return s, nil
+}
