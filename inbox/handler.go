@@ -1,0 +1,182 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/stripe/stripe-go/v76/webhook"
+)
+
+// Endpoint limits.
+const (
+	// MaxBodyBytes is the largest accepted body: 512 KiB; larger → 413.
+	MaxBodyBytes = 512 << 10
+	// SignatureTolerance is how old a signature timestamp may be (Stripe's
+	// default, 300 s; webhook.ConstructEventWithOptions checks it).
+	SignatureTolerance = 300 * time.Second
+	// FutureTolerance is how far ahead of our clock a signature timestamp
+	// may be. stripe-go checks only the past; we refuse a timestamp more
+	// than 300 s ahead (clock skew beyond Stripe's own tolerance means a
+	// forged or replay-crafted header), with the same 400 as a stale one.
+	FutureTolerance = 300 * time.Second
+	// storeTimeout bounds the insert; past it the answer is 503.
+	storeTimeout = 10 * time.Second
+)
+
+// Sentinel errors of signature verification (all answered 400).
+var (
+	// ErrFutureTimestamp: the Stripe-Signature timestamp is more than
+	// FutureTolerance ahead.
+	ErrFutureTimestamp = errors.New("inbox: signature timestamp is in the future")
+	// ErrNoEventID: a verified body without an event id cannot be stored.
+	ErrNoEventID = errors.New("inbox: event has no id")
+)
+
+// Handler is POST /webhooks/stripe: verify, store, then 200. Nothing else
+// runs on the request path (seed 003).
+type Handler struct {
+	store   *Store
+	secrets []string
+	metrics *Metrics
+	log     *slog.Logger
+	now     func() time.Time
+}
+
+// NewHandler returns the webhook handler. secrets are tried in order
+// (rotation); metrics and log may be nil.
+func NewHandler(store *Store, secrets []string, metrics *Metrics, log *slog.Logger) *Handler {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Handler{store: store, secrets: secrets, metrics: metrics, log: log, now: time.Now}
+}
+
+// Webhook results, the label of aurora_inbox_webhooks_total.
+const (
+	resultStored       = "stored"
+	resultDuplicate    = "duplicate"
+	resultConflict     = "id_conflict"
+	resultBadSignature = "bad_signature"
+	resultStale        = "stale_timestamp"
+	resultFuture       = "future_timestamp"
+	resultTooLarge     = "too_large"
+	resultBadRequest   = "bad_request"
+	resultStoreFailed  = "store_failed"
+)
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	result := h.serve(w, r)
+	h.metrics.webhook(result, time.Since(start))
+}
+
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request) string {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			http.Error(w, "body larger than 512 KiB", http.StatusRequestEntityTooLarge)
+			return resultTooLarge
+		}
+		http.Error(w, "could not read body", http.StatusBadRequest)
+		return resultBadRequest
+	}
+	ev, err := h.verify(body, r.Header.Get("Stripe-Signature"))
+	if err != nil {
+		result := resultBadSignature
+		switch {
+		case errors.Is(err, webhook.ErrTooOld):
+			result = resultStale
+		case errors.Is(err, ErrFutureTimestamp):
+			result = resultFuture
+		case errors.Is(err, ErrNoEventID):
+			result = resultBadRequest
+		}
+		http.Error(w, "invalid webhook: "+result, http.StatusBadRequest)
+		return result
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), storeTimeout)
+	defer cancel()
+	res, err := h.store.Ingest(ctx, ev)
+	if err != nil {
+		// never a 2xx without a committed row; the error class only
+		h.log.Warn("inbox: webhook not stored", "error_class", errorClass(err))
+		http.Error(w, "not stored; retry", http.StatusServiceUnavailable)
+		return resultStoreFailed
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = io.WriteString(w, `{"received":true}`)
+	switch res {
+	case StoreInserted:
+		return resultStored
+	case StoreDuplicate:
+		return resultDuplicate
+	case StoreConflict:
+		h.log.Warn("inbox: redelivered event id with a different body kept apart", "event_id", ev.EventID)
+		return resultConflict
+	default:
+		return resultStored
+	}
+}
+
+// verify checks the signature against every secret (rotation), the past
+// tolerance (stripe-go) and the future tolerance (ours), and reads the
+// envelope fields to store. The api_version is not checked.
+func (h *Handler) verify(body []byte, header string) (Received, error) {
+	var lastErr error = webhook.ErrNoValidSignature
+	for _, secret := range h.secrets {
+		se, err := webhook.ConstructEventWithOptions(body, header, secret, webhook.ConstructEventOptions{
+			Tolerance:                SignatureTolerance,
+			IgnoreAPIVersionMismatch: true,
+		})
+		if err != nil {
+			lastErr = err
+			if errors.Is(err, webhook.ErrNoValidSignature) {
+				continue // the next secret may match
+			}
+			return Received{}, err
+		}
+		if ts, ok := signatureTimestamp(header); !ok || ts.Sub(h.now()) > FutureTolerance {
+			return Received{}, ErrFutureTimestamp
+		}
+		if se.ID == "" {
+			return Received{}, ErrNoEventID
+		}
+		rec := Received{EventID: se.ID, Type: string(se.Type), APIVersion: se.APIVersion, Livemode: se.Livemode, Payload: body}
+		if se.Created > 0 {
+			t := time.Unix(se.Created, 0).UTC()
+			rec.Created = &t
+		}
+		if se.Data != nil {
+			switch c := se.Data.Object["customer"].(type) {
+			case string:
+				rec.Customer = c
+			case map[string]any:
+				rec.Customer, _ = c["id"].(string)
+			}
+		}
+		return rec, nil
+	}
+	return Received{}, lastErr
+}
+
+// signatureTimestamp reads t= of a Stripe-Signature header.
+func signatureTimestamp(header string) (time.Time, bool) {
+	for _, part := range strings.Split(header, ",") {
+		if v, ok := strings.CutPrefix(part, "t="); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return time.Time{}, false
+			}
+			return time.Unix(n, 0), true
+		}
+	}
+	return time.Time{}, false
+}

@@ -1,0 +1,338 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"time"
+
+	"github.com/aurora-billing/aurora/shared/clock"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Worker projects pending billing_events. Each event is handled in its own
+// transaction on one pinned connection (a pgx.Tx holds one connection):
+// the row is locked FOR UPDATE SKIP LOCKED (a row claimed by another replica
+// is skipped), then a non-blocking pg_try_advisory_xact_lock on the event's
+// Stripe customer (taken elsewhere → skipped this pass, no attempt counted);
+// projections, wakeups and processed_at commit together. Any failure rolls
+// back everything and releases the locks; the failed attempt is then counted
+// in a separate statement, so SQL failures spend the same 12-attempt budget
+// as deferrals (seed 003). No wall-clock lease exists: only a live
+// transaction holds an event.
+type Worker struct {
+	pool    *pgxpool.Pool
+	clock   clock.Clock
+	batch   int
+	poll    time.Duration
+	metrics *Metrics
+	log     *slog.Logger
+}
+
+// WorkerConfig configures NewWorker.
+type WorkerConfig struct {
+	// BatchSize: events per pass, 1..25. Defaults to BatchSizeDefault.
+	BatchSize int
+	// Poll: sleep between passes that found less than a full batch.
+	// Defaults to PollMSDefault milliseconds.
+	Poll time.Duration
+	// Clock: nil means the database clock.
+	Clock   clock.Clock
+	Metrics *Metrics
+	Log     *slog.Logger
+}
+
+// NewWorker returns a worker on pool.
+func NewWorker(pool *pgxpool.Pool, cfg WorkerConfig) *Worker {
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = BatchSizeDefault
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = PollMSDefault * time.Millisecond
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Worker{pool: pool, clock: clock.Or(cfg.Clock), batch: cfg.BatchSize, poll: cfg.Poll, metrics: cfg.Metrics, log: cfg.Log}
+}
+
+// Result is what happened to one event in a pass (the label of
+// aurora_inbox_worker_events_total).
+type Result string
+
+const (
+	ResultApplied      Result = "applied"
+	ResultStale        Result = "stale"
+	ResultUnchanged    Result = "unchanged"
+	ResultIgnored      Result = "ignored"
+	ResultDeferred     Result = "deferred"
+	ResultDeadLettered Result = "dead_lettered" // budget spent
+	ResultQuarantined  Result = "quarantined"   // immediate quarantine
+	ResultFailed       Result = "failed"        // projection rolled back, attempt counted
+	ResultSkipped      Result = "skipped"       // row or customer held by another transaction
+)
+
+// Pass summarises one pass.
+type Pass struct {
+	Claimed int            // candidates looked at
+	Results map[Result]int // per result
+}
+
+// Count returns the number of events with result r.
+func (p Pass) Count(r Result) int { return p.Results[r] }
+
+const sqlCandidates = `
+SELECT event_id FROM billing_events
+ WHERE provider = 'stripe' AND processed_at IS NULL AND dead_letter_at IS NULL
+   AND next_attempt_at <= coalesce($1::timestamptz, now())
+ ORDER BY next_attempt_at, event_created NULLS FIRST, received_at, event_id
+ LIMIT $2`
+
+// RunPass handles one bounded batch of due events and logs one aggregate
+// line when the batch was not empty. An error means the candidates could
+// not be read; per-event failures are counted in the Pass.
+func (w *Worker) RunPass(ctx context.Context) (Pass, error) {
+	start := time.Now()
+	pass := Pass{Results: map[Result]int{}}
+	rows, err := w.pool.Query(ctx, sqlCandidates, w.clock.Override(), w.batch)
+	if err != nil {
+		return pass, fmt.Errorf("inbox: read due events: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return pass, fmt.Errorf("inbox: read due events: %w", err)
+	}
+	for _, id := range ids {
+		if ctx.Err() != nil {
+			break
+		}
+		pass.Claimed++
+		r := w.handle(ctx, id)
+		pass.Results[r]++
+		w.metrics.workerResult(r)
+	}
+	if pass.Claimed > 0 {
+		attrs := []any{"claimed", pass.Claimed, "duration_ms", time.Since(start).Milliseconds()}
+		for _, r := range []Result{ResultApplied, ResultStale, ResultUnchanged, ResultIgnored, ResultDeferred, ResultDeadLettered, ResultQuarantined, ResultFailed, ResultSkipped} {
+			attrs = append(attrs, string(r), pass.Results[r])
+		}
+		w.log.Info("worker.stripe_reconciliation", attrs...)
+	}
+	return pass, nil
+}
+
+// Run passes until ctx ends: immediately again after a full batch,
+// otherwise after the poll interval.
+func (w *Worker) Run(ctx context.Context) error {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		}
+		pass, err := w.RunPass(ctx)
+		if err != nil && ctx.Err() == nil {
+			w.log.Warn("worker.stripe_reconciliation pass failed", "error_class", errorClass(err))
+		}
+		next := w.poll
+		if err == nil && pass.Claimed >= w.batch && pass.Count(ResultSkipped) < pass.Claimed {
+			next = 0
+		}
+		timer.Reset(next)
+	}
+}
+
+const sqlLockEvent = `
+SELECT event_type, payload, attempts, coalesce($2::timestamptz, now())
+  FROM billing_events
+ WHERE event_id = $1 AND processed_at IS NULL AND dead_letter_at IS NULL
+   AND next_attempt_at <= coalesce($2::timestamptz, now())
+   FOR UPDATE SKIP LOCKED`
+
+// lockCustomer is the non-blocking, transaction-scoped advisory lock per
+// Stripe customer.
+const sqlLockCustomer = `SELECT pg_try_advisory_xact_lock(hashtextextended('aurora.inbox.stripe_customer:' || $1, 0))`
+
+// decision is what a projection concluded about one event.
+type decision struct {
+	outcome Outcome // set when processed
+	reason  Reason  // set when deferred or quarantined
+}
+
+func processed(o Outcome) decision { return decision{outcome: o} }
+func withReason(r Reason) decision { return decision{reason: r} }
+
+// handle processes one event in its own transaction.
+func (w *Worker) handle(ctx context.Context, id string) Result {
+	res, err := w.tryHandle(ctx, id)
+	if err == nil {
+		return res
+	}
+	if ctx.Err() != nil {
+		return ResultSkipped // shutting down: the rollback left the row as it was
+	}
+	// the projection rolled back; count the attempt on its own
+	r, cerr := w.countFailure(ctx, id, err)
+	if cerr != nil {
+		w.log.Warn("worker.stripe_reconciliation could not count a failed attempt", "event_id", id, "error_class", errorClass(cerr))
+		return ResultFailed
+	}
+	return r
+}
+
+func (w *Worker) tryHandle(ctx context.Context, id string) (Result, error) {
+	tx, err := w.pool.Begin(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
+
+	var (
+		evType   string
+		payload  []byte
+		attempts int
+		now      time.Time
+	)
+	err = tx.QueryRow(ctx, sqlLockEvent, id, w.clock.Override()).Scan(&evType, &payload, &attempts, &now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ResultSkipped, nil // claimed by another replica, or no longer due
+	}
+	if err != nil {
+		return "", err
+	}
+	var d decision
+	ev, perr := parseEvent(payload)
+	switch {
+	case perr != nil:
+		d = withReason(ReasonUnrecognizedStripePayload)
+	case ev.ID != id || ev.Type != evType:
+		// the stored envelope columns disagree with the stored body
+		d = withReason(ReasonUnrecognizedStripePayload)
+	default:
+		if ev.Customer != "" {
+			var got bool
+			if err := tx.QueryRow(ctx, sqlLockCustomer, ev.Customer).Scan(&got); err != nil {
+				return "", err
+			}
+			if !got {
+				return ResultSkipped, nil // another event of this customer is in flight
+			}
+		}
+		p := projector{tx: tx, now: now}
+		if d, err = p.project(ctx, ev); err != nil {
+			return "", err
+		}
+	}
+	res, err := settle(ctx, tx, id, attempts, now, d)
+	if err != nil {
+		return "", err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return "", err
+	}
+	return res, nil
+}
+
+// settle records the decision on the row inside the event's transaction.
+func settle(ctx context.Context, tx pgx.Tx, id string, attempts int, now time.Time, d decision) (Result, error) {
+	if d.reason == "" {
+		_, err := tx.Exec(ctx, `UPDATE billing_events SET processed_at = $2, outcome = $3, last_error = NULL WHERE event_id = $1`,
+			id, now, string(d.outcome))
+		if err != nil {
+			return "", err
+		}
+		switch d.outcome {
+		case OutcomeApplied:
+			return ResultApplied, nil
+		case OutcomeStale:
+			return ResultStale, nil
+		case OutcomeUnchanged:
+			return ResultUnchanged, nil
+		case OutcomeIgnored:
+			return ResultIgnored, nil
+		default:
+			return "", fmt.Errorf("inbox: unknown outcome %q", d.outcome)
+		}
+	}
+	n := attempts + 1
+	if !d.reason.Deferred() || n >= MaxAttempts {
+		_, err := tx.Exec(ctx, `UPDATE billing_events SET attempts = $2, last_reason = $3, dead_letter_at = $4 WHERE event_id = $1`,
+			id, n, string(d.reason), now)
+		if err != nil {
+			return "", err
+		}
+		if d.reason.Deferred() {
+			return ResultDeadLettered, nil
+		}
+		return ResultQuarantined, nil
+	}
+	next := now.Add(time.Duration(BackoffSeconds(n)) * time.Second)
+	_, err := tx.Exec(ctx, `UPDATE billing_events SET attempts = $2, last_reason = $3, next_attempt_at = $4 WHERE event_id = $1`,
+		id, n, string(d.reason), next)
+	if err != nil {
+		return "", err
+	}
+	return ResultDeferred, nil
+}
+
+// countFailure counts a rolled-back attempt: backoff, or dead letter with
+// ReasonProjectionFailed once the budget is spent.
+func (w *Worker) countFailure(ctx context.Context, id string, cause error) (Result, error) {
+	class := errorClass(cause)
+	var dead bool
+	err := w.pool.QueryRow(ctx, `
+UPDATE billing_events
+   SET attempts = attempts + 1,
+       last_reason = $2,
+       last_error = $3,
+       dead_letter_at = CASE WHEN attempts + 1 >= $4 THEN coalesce($5::timestamptz, now()) END,
+       next_attempt_at = coalesce($5::timestamptz, now()) + make_interval(secs => least($6 * power(2, attempts), $7))
+ WHERE event_id = $1 AND processed_at IS NULL AND dead_letter_at IS NULL
+RETURNING dead_letter_at IS NOT NULL`,
+		id, string(ReasonProjectionFailed), class, MaxAttempts, w.clock.Override(), BackoffBase, BackoffCap).Scan(&dead)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ResultSkipped, nil
+	}
+	if err != nil {
+		return "", err
+	}
+	if dead {
+		return ResultDeadLettered, nil
+	}
+	return ResultFailed, nil
+}
+
+// errorClass is a loggable class of err: a SQLSTATE, "timeout", or
+// "error". Never the message (it may quote data).
+func errorClass(err error) string {
+	var pg *pgconn.PgError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &pg):
+		return "sqlstate_" + pg.Code
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case pgconn.SafeToRetry(err), pgconn.Timeout(err):
+		return "connection"
+	default:
+		return "error"
+	}
+}
+
+// redactURL hides a URL's password.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparseable)"
+	}
+	return u.Redacted()
+}
