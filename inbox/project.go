@@ -292,7 +292,7 @@ func (p projector) invoice(ctx context.Context, ev *event) (decision, error) {
 	}
 	var (
 		anySub, found bool
-		current    []string
+		current       []string
 	)
 	for rows.Next() {
 		var id, status string

@@ -101,7 +101,7 @@ const MaxAttempts = 12
 // hour"). The first deferral of an event preceding checkout is the seed's
 // 60 s postponement.
 const (
-	BackoffBase = 60  // seconds
+	BackoffBase = 60   // seconds
 	BackoffCap  = 3600 // seconds
 )
 
