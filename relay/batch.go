@@ -71,6 +71,10 @@ func (c claimed) message() *nats.Msg {
 // stop lets a started batch finish: it runs on a context detached from ctx's
 // cancellation, bounded by the publish timeout plus 10 s for the database.
 func (r *Relay) batch(ctx context.Context) (int, error) {
+	if s := r.js.Conn().Status(); s != nats.CONNECTED {
+		// Don't lock rows only to fill the reconnect buffer with copies.
+		return 0, fmt.Errorf("%w (%s)", ErrNATSUnavailable, s)
+	}
 	if r.streamMissing.Load() {
 		if _, err := EnsureStream(ctx, r.js, r.cfg.Stream); err != nil {
 			return 0, err

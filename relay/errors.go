@@ -15,6 +15,9 @@ var (
 	// acknowledged, which the row locks held by the batch should make
 	// impossible; the batch rolls back and its rows are published again.
 	ErrMarkMismatch = errors.New("relay: marked rows differ from acknowledged rows")
+	// ErrNATSUnavailable: the NATS connection is not up; the worker backs
+	// off without claiming rows until it reconnects.
+	ErrNATSUnavailable = errors.New("relay: NATS connection not established")
 	// ErrNilDependency: New was given a nil pool or JetStream context.
 	ErrNilDependency = errors.New("relay: nil dependency")
 )

@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/aurora-billing/aurora/migrations/dbtest"
 	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/aurora-billing/aurora/shared/natstest"
 	"github.com/aurora-billing/aurora/shared/outbox"
@@ -19,6 +21,24 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// newPool returns a pool on a fresh migrated database, large enough for 50
+// concurrent writers beside the relays' workers (pgxpool's default, 4 on
+// this machine, would serialise them).
+func newPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 80
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
 
 // withHooks installs test hooks.
 func withHooks(h hooks) Option {
@@ -35,7 +55,12 @@ func testConfig() Config {
 	return c
 }
 
-func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func quietLogger() *slog.Logger {
+	if os.Getenv("RELAY_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
 
 // item returns a valid outbox item whose identity is unique per (tenant, n).
 func item(tenant string, n int) outbox.Item {
@@ -80,7 +105,9 @@ func items(tenant string, from, n int) []outbox.Item {
 func connect(t testing.TB, srv *natstest.Server) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	nc, err := nats.Connect(srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
-		nats.ReconnectBufSize(64<<20))
+		nats.ReconnectBufSize(64<<20),
+		nats.ReconnectHandler(func(*nats.Conn) { quietLogger().Info("test: nats reconnected") }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { quietLogger().Info("test: nats disconnected", "err", err) }))
 	if err != nil {
 		t.Fatalf("nats: %v", err)
 	}

@@ -145,13 +145,17 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, opts ...Option)
 		pool: pool, js: js, cfg: cfg,
 		clk: clock.DB{}, log: slog.Default(),
 		backoffBase: BackoffBaseDefault, backoffCap: BackoffCapDefault,
-		wake:          make(chan struct{}, 1),
-		inflight:    make(chan struct{}, cfg.MaxInflight),
+		wake:     make(chan struct{}, 1),
+		inflight: make(chan struct{}, cfg.MaxInflight),
 	}
 	for _, o := range opts {
 		if err := o(r); err != nil {
 			return nil, err
 		}
+	}
+	if mc := int(pool.Config().MaxConns); mc < cfg.Workers+1 {
+		r.log.Warn("relay: pool smaller than workers + 1; workers and the sweep will queue for connections",
+			"max_conns", mc, "workers", cfg.Workers)
 	}
 	r.m = newMetrics(pool, r.clk, 5*time.Second, r.log)
 	if r.reg != nil {

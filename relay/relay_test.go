@@ -4,14 +4,13 @@ import (
 	"context"
 	"testing"
 
-	"github.com/aurora-billing/aurora/migrations/dbtest"
 	"github.com/aurora-billing/aurora/shared/natstest"
 	"github.com/aurora-billing/aurora/shared/outbox"
 )
 
 func TestPublishesCommittedRowsOnceWithContract(t *testing.T) {
 	t.Parallel()
-	pool := dbtest.New(t)
+	pool := newPool(t)
 	_, js := connect(t, natstest.New(t))
 	ctx := context.Background()
 	ids := stage(t, pool, items("org_123", 0, 10)...)

@@ -55,6 +55,9 @@ func (r *Relay) sweepLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		n, err := r.sweep(ctx)
+		if err != nil && ctx.Err() != nil {
+			return
+		}
 		if err != nil {
 			r.m.batchErrors.Inc()
 			d, _ := bo.Next()
