@@ -30,8 +30,8 @@ func gateRecord(t *testing.T, pool *pgxpool.Pool, g usage.Gate, ev usage.Event) 
 func TestParseSources(t *testing.T) {
 	t.Parallel()
 	good := map[string]string{
-		"":                                     "",
-		"api_calls:events":                     "api_calls:events",
+		"":                                      "",
+		"api_calls:events":                      "api_calls:events",
 		" api_calls : events , egress:counters": "api_calls:events,egress:counters",
 	}
 	for in, want := range good {
