@@ -1,0 +1,232 @@
+package stripeemulator
+
+import (
+	"encoding/json"
+	"net/http"
+	"slices"
+	"time"
+)
+
+// Outcome is how the emulator answered one request.
+type Outcome string
+
+// Outcomes, one per request.
+const (
+	// OutcomeApplied: a meter event was applied (200).
+	OutcomeApplied Outcome = "applied"
+	// OutcomeOK: any other 2xx (customers, meters, summaries, adjustments).
+	OutcomeOK Outcome = "ok"
+	// OutcomeReplayed: a saved idempotent result was replayed.
+	OutcomeReplayed Outcome = "replayed"
+	// OutcomeDuplicate: Stripe's duplicate-identifier 400; nothing applied.
+	OutcomeDuplicate Outcome = "duplicate"
+	// OutcomeInvalid: any other 4xx (validation, configuration cause, 404).
+	OutcomeInvalid Outcome = "invalid"
+	// OutcomeUnauthorized: 401, missing or unknown API key.
+	OutcomeUnauthorized Outcome = "unauthorized"
+	// OutcomeForbidden: 403, key without permission.
+	OutcomeForbidden Outcome = "forbidden"
+	// OutcomeOverlap: 429, a second concurrent call for a (customer, meter).
+	OutcomeOverlap Outcome = "overlap"
+	// OutcomeRateLimited: 429 injected by a fault or script.
+	OutcomeRateLimited Outcome = "rate_limited"
+	// OutcomeServerError: 500 injected by a fault or script.
+	OutcomeServerError Outcome = "server_error"
+	// OutcomeIdempotencyMismatch: 400 idempotency_error, same key with
+	// different parameters.
+	OutcomeIdempotencyMismatch Outcome = "idempotency_mismatch"
+	// OutcomeKeyInUse: 409 idempotency_key_in_use.
+	OutcomeKeyInUse Outcome = "key_in_use"
+	// OutcomeDropped: the connection was closed without a response (before
+	// or after applying; see Applied for which).
+	OutcomeDropped Outcome = "dropped"
+	// OutcomeTimeout: held unanswered until the client gave up.
+	OutcomeTimeout Outcome = "timeout"
+)
+
+// AppliedEvent is one meter event the emulator effectively applied.
+type AppliedEvent struct {
+	Identifier  string
+	EventName   string
+	MeterID     string
+	Customer    string
+	Value       float64   // payload[<value key>] parsed as a decimal number
+	Timestamp   time.Time // the event's timestamp (second precision, UTC)
+	ReceivedAt  time.Time // the emulator clock when applied
+	Cancelled   bool      // cancelled by a meter event adjustment
+	CancelledAt time.Time // zero unless Cancelled
+}
+
+// RequestRecord is one request as the emulator saw it. It carries no
+// payload and no customer id: the body is kept as its SHA-256.
+type RequestRecord struct {
+	Seq            uint64
+	Route          Route
+	RequestID      string
+	Identifier     string   // meter events and adjustments; "" otherwise
+	IdempotencyKey string   // the Idempotency-Key header, "" if absent
+	BodySHA256     [32]byte // of the raw request body (POST); zero for GET
+	Status         int      // HTTP status; 0 when the connection was closed without a response
+	Outcome        Outcome
+	ReceivedAt     time.Time
+}
+
+// record appends to the request log and counts the outcome.
+func (e *Emulator) record(c *call, status int, outcome Outcome) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.seq++
+	e.counts[outcome]++
+	if e.cfg.RequestLogLimit <= 0 {
+		return
+	}
+	if len(e.requests) >= e.cfg.RequestLogLimit {
+		n := len(e.requests) - e.cfg.RequestLogLimit + 1
+		e.requests = append(e.requests[:0], e.requests[n:]...)
+		e.requestsDropped += n
+	}
+	e.requests = append(e.requests, RequestRecord{
+		Seq: e.seq, Route: c.route, RequestID: c.requestID, Identifier: c.identifier,
+		IdempotencyKey: c.idemKey, BodySHA256: c.bodySum, Status: status, Outcome: outcome, ReceivedAt: c.received,
+	})
+}
+
+// Applied returns every applied meter event in order of application,
+// cancelled ones included (Cancelled set).
+func (e *Emulator) Applied() []AppliedEvent {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.events)
+}
+
+// AppliedTotals returns, per event_name, the sum of the values of applied
+// events that are not cancelled: what the account would bill.
+func (e *Emulator) AppliedTotals() map[string]float64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := map[string]float64{}
+	for _, ev := range e.events {
+		if !ev.Cancelled {
+			out[ev.EventName] += ev.Value
+		}
+	}
+	return out
+}
+
+// DuplicateApplications returns the identifiers applied more than once (in
+// the order their second application happened). It is empty while dedupe
+// works; an identifier resent after its dedupe window is applied again and
+// shows up here, as it would be billed twice at Stripe.
+func (e *Emulator) DuplicateApplications() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.duplicates)
+}
+
+// Applications returns how many times identifier was applied.
+func (e *Emulator) Applications(identifier string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.applications[identifier]
+}
+
+// Overlaps returns how many meter event requests arrived while another for
+// the same (customer, meter) was in flight (each answered 429 unless
+// Config.AllowConcurrent).
+func (e *Emulator) Overlaps() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.overlaps
+}
+
+// OverlapsFor is Overlaps for one (event_name, customer) pair.
+func (e *Emulator) OverlapsFor(eventName, customer string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m, ok := e.byEvent[eventName]
+	if !ok {
+		return 0
+	}
+	return e.overlapsPair[pairKey{m.ID, customer}]
+}
+
+// Counts returns the number of requests per outcome (all endpoints).
+func (e *Emulator) Counts() map[Outcome]int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[Outcome]int, len(e.counts))
+	for k, v := range e.counts {
+		out[k] = v
+	}
+	return out
+}
+
+// Requests returns the request log, oldest first (at most
+// Config.RequestLogLimit records; older ones are dropped).
+func (e *Emulator) Requests() []RequestRecord {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.requests)
+}
+
+// RequestsFor returns the logged requests carrying identifier, oldest first.
+func (e *Emulator) RequestsFor(identifier string) []RequestRecord {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []RequestRecord
+	for _, r := range e.requests {
+		if r.Identifier == identifier {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Stats is a summary for the demo and `GET /_emulator/stats`. It carries
+// no customer id and no payload.
+type Stats struct {
+	Requests              uint64             `json:"requests"`
+	Outcomes              map[Outcome]int    `json:"outcomes"`
+	Applied               int                `json:"applied"`
+	Cancelled             int                `json:"cancelled"`
+	AppliedTotals         map[string]float64 `json:"applied_totals"`
+	DuplicateApplications int                `json:"duplicate_applications"`
+	Overlaps              int                `json:"overlaps"`
+	InFlight              int                `json:"in_flight"`
+	Executing             int                `json:"executing"`
+	Faults                string             `json:"faults"`
+}
+
+// Stats returns the current summary.
+func (e *Emulator) Stats() Stats {
+	totals := e.AppliedTotals()
+	counts := e.Counts()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := Stats{
+		Requests: e.seq, Outcomes: counts, Applied: len(e.events), AppliedTotals: totals,
+		DuplicateApplications: len(e.duplicates), Overlaps: e.overlaps, Faults: e.faults.String(),
+	}
+	for _, ev := range e.events {
+		if ev.Cancelled {
+			s.Cancelled++
+		}
+	}
+	for _, n := range e.inflight {
+		s.InFlight += n
+	}
+	for _, en := range e.idem {
+		if en.running {
+			s.Executing++
+		}
+	}
+	return s
+}
+
+// handleStats serves Stats as JSON, unauthenticated (no secrets, no
+// customer ids, no payloads).
+func (e *Emulator) handleStats(w http.ResponseWriter, _ *http.Request) {
+	b, _ := json.Marshal(e.Stats()) // maps of strings and numbers only
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+}
