@@ -63,6 +63,7 @@ func NewRootCmd(streams IO) *cobra.Command {
 		newMigrateCmd(),
 		newProvisionCmd(),
 		// subcommands: add one line each, below this marker
+		newCutoverCmd(),
 	)
 	return root
 }
