@@ -3,6 +3,7 @@ module github.com/aurora-billing/aurora
 go 1.26.8
 
 require (
+	github.com/aurora-billing/aurora/inbox v0.0.0
 	github.com/aurora-billing/aurora/migrations v0.0.0
 	github.com/aurora-billing/aurora/shared v0.0.0
 	github.com/spf13/cobra v1.10.2
@@ -40,6 +41,7 @@ require (
 )
 
 replace (
+	github.com/aurora-billing/aurora/inbox => ./inbox
 	github.com/aurora-billing/aurora/migrations => ./migrations
 	github.com/aurora-billing/aurora/shared => ./shared
 )

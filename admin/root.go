@@ -64,6 +64,7 @@ func NewRootCmd(streams IO) *cobra.Command {
 		newProvisionCmd(),
 		// subcommands: add one line each, below this marker
 		newCutoverCmd(),
+		newInboxCmd(),
 	)
 	return root
 }

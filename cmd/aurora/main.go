@@ -44,6 +44,7 @@ func run(ctx context.Context, args []string) int {
 		newProbeCmd(),
 		// subcommands: add one line each, below this marker
 		newReporterCmd(),
+		newInboxCmd(),
 		newStripeEmulatorCmd(),
 	)
 	root.SetArgs(args)
