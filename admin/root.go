@@ -65,6 +65,7 @@ func NewRootCmd(streams IO) *cobra.Command {
 		// subcommands: add one line each, below this marker
 		newCutoverCmd(),
 		newInboxCmd(),
+		newRecoveryCmd(),
 	)
 	return root
 }

@@ -299,6 +299,7 @@ func scanAction(r pgx.Row) (Action, error) {
 		return Action{}, err
 	}
 	a.Action = Kind(kind)
+	a.CreatedAt = a.CreatedAt.UTC()
 	if refusal != nil {
 		r := Refusal(*refusal)
 		a.Refusal = &r

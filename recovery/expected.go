@@ -93,6 +93,6 @@ func Observe(row outbox.Row) Snapshot {
 	return Snapshot{
 		State: row.State, LeaseToken: row.LeaseToken, SubjectRef: row.SubjectRef, ProviderRef: row.ProviderRef,
 		QuarantineReason: row.QuarantineReason, MappingVersion: row.MappingVersion, Attempts: row.Attempts,
-		IdempotencyKey: row.IdempotencyKey, UpdatedAt: row.UpdatedAt,
+		IdempotencyKey: row.IdempotencyKey, UpdatedAt: row.UpdatedAt.UTC(),
 	}
 }

@@ -215,6 +215,11 @@ func attempts(ctx context.Context, q outbox.Querier, id int64) ([]Attempt, error
 		var a Attempt
 		err := r.Scan(&a.ID, &a.Attempt, &a.LeaseToken, &a.StartedAt, &a.FinishedAt, &a.Outcome, &a.HTTPStatus,
 			&a.StripeRequestID, &a.ErrorCode, &a.ErrorMessage)
+		a.StartedAt = a.StartedAt.UTC()
+		if a.FinishedAt != nil {
+			f := a.FinishedAt.UTC()
+			a.FinishedAt = &f
+		}
 		return a, err
 	})
 	if err != nil {
@@ -224,4 +229,9 @@ func attempts(ctx context.Context, q outbox.Querier, id int64) ([]Attempt, error
 		out = []Attempt{}
 	}
 	return out, nil
+}
+
+// Get returns the item with id as it is now. Errors: ErrNotFound.
+func (s *Service) Get(ctx context.Context, id int64) (outbox.Row, error) {
+	return getItem(ctx, s.db, id, false)
 }

@@ -1,0 +1,360 @@
+package admin
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/aurora-billing/aurora/recovery"
+	"github.com/aurora-billing/aurora/shared/outbox"
+)
+
+// itemView is the JSON shape of an outbox item in auroractl's output:
+// every column, snake_case, times in UTC.
+type itemView struct {
+	ID                 int64           `json:"id"`
+	Tenant             string          `json:"tenant"`
+	SubjectKind        string          `json:"subject_kind"`
+	SubjectRef         string          `json:"subject_ref"`
+	Exporter           string          `json:"exporter"`
+	DestinationAccount string          `json:"destination_account"`
+	Mode               string          `json:"mode"`
+	MappingVersion     int32           `json:"mapping_version"`
+	IdempotencyKey     string          `json:"idempotency_key"`
+	Feature            string          `json:"feature"`
+	Quantity           int64           `json:"quantity"`
+	OccurredAt         time.Time       `json:"occurred_at"`
+	PeriodStart        time.Time       `json:"period_start"`
+	Payload            json.RawMessage `json:"payload"`
+	State              outbox.State    `json:"state"`
+	QuarantineReason   *outbox.Reason  `json:"quarantine_reason"`
+	LeaseToken         int64           `json:"lease_token"`
+	LeaseExpiresAt     *time.Time      `json:"lease_expires_at"`
+	Attempts           int32           `json:"attempts"`
+	NextAttemptAt      time.Time       `json:"next_attempt_at"`
+	FirstAttemptAt     *time.Time      `json:"first_attempt_at"`
+	Dispatch           int32           `json:"dispatch"`
+	PublishedDispatch  int32           `json:"published_dispatch"`
+	PublishedAt        *time.Time      `json:"published_at"`
+	LastError          *string         `json:"last_error"`
+	ProviderRef        *string         `json:"provider_ref"`
+	CreatedAt          time.Time       `json:"created_at"`
+	UpdatedAt          time.Time       `json:"updated_at"`
+}
+
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func viewOf(r outbox.Row) itemView {
+	payload := r.Payload
+	if len(payload) == 0 {
+		payload = json.RawMessage("{}")
+	}
+	return itemView{
+		ID: r.ID, Tenant: r.Tenant, SubjectKind: string(r.SubjectKind), SubjectRef: r.SubjectRef, Exporter: r.Exporter,
+		DestinationAccount: r.DestinationAccount, Mode: string(r.Mode), MappingVersion: r.MappingVersion,
+		IdempotencyKey: r.IdempotencyKey, Feature: r.Feature, Quantity: r.Quantity, OccurredAt: r.OccurredAt.UTC(),
+		PeriodStart: r.PeriodStart.UTC(), Payload: payload, State: r.State, QuarantineReason: r.QuarantineReason,
+		LeaseToken: r.LeaseToken, LeaseExpiresAt: utcPtr(r.LeaseExpiresAt), Attempts: r.Attempts,
+		NextAttemptAt: r.NextAttemptAt.UTC(), FirstAttemptAt: utcPtr(r.FirstAttemptAt), Dispatch: r.Dispatch,
+		PublishedDispatch: r.PublishedDispatch, PublishedAt: utcPtr(r.PublishedAt), LastError: r.LastError,
+		ProviderRef: r.ProviderRef, CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC(),
+	}
+}
+
+type inspectView struct {
+	Item                  itemView           `json:"item"`
+	SearchIdentifier      string             `json:"search_identifier"`
+	CurrentMappingVersion int32              `json:"current_mapping_version"`
+	Link                  *recovery.Link     `json:"link"`
+	Expected              recovery.Expected  `json:"expected"`
+	Attempts              []recovery.Attempt `json:"attempts"`
+	Actions               []recovery.Action  `json:"actions"`
+}
+
+func inspectViewOf(ins recovery.Inspection) inspectView {
+	return inspectView{Item: viewOf(ins.Item), SearchIdentifier: ins.SearchIdentifier, CurrentMappingVersion: ins.CurrentMappingVersion,
+		Link: ins.Link, Expected: ins.Expected, Attempts: ins.Attempts, Actions: ins.Actions}
+}
+
+type dryRunView struct {
+	DryRun       bool              `json:"dry_run"`
+	Action       recovery.Kind     `json:"action"`
+	Item         itemView          `json:"item"`
+	Change       recovery.Change   `json:"change"`
+	Expected     recovery.Expected `json:"expected"`
+	Actor        string            `json:"actor"`
+	Reason       string            `json:"reason"`
+	Evidence     string            `json:"evidence"`
+	ApplyCommand string            `json:"apply_command"`
+}
+
+type appliedView struct {
+	Applied  bool             `json:"applied"`
+	Action   recovery.Action  `json:"action"`
+	Item     itemView         `json:"item"`
+	Change   *recovery.Change `json:"change"`
+	Restaged *itemView        `json:"restaged_item,omitempty"`
+}
+
+type refusedView struct {
+	Applied bool             `json:"applied"`
+	DryRun  bool             `json:"dry_run"`
+	Action  recovery.Kind    `json:"action"`
+	ItemID  int64            `json:"item_id"`
+	Refusal recovery.Refusal `json:"refusal"`
+	Error   string           `json:"error"`
+	// Fields names the expected fields that differ (expected_state_mismatch).
+	Fields []string `json:"fields,omitempty"`
+	// Current is the row as it is now.
+	Current *itemView `json:"current,omitempty"`
+	// Recorded is the refused action written (nil in a dry run).
+	Recorded *recovery.Action `json:"recorded_action"`
+}
+
+func refusalView(err error, kind recovery.Kind, id int64, dryRun bool, row outbox.Row, act *recovery.Action) refusedView {
+	v := refusedView{DryRun: dryRun, Action: kind, ItemID: id, Refusal: refusalCode(err), Error: err.Error(), Recorded: act}
+	var mm *recovery.ExpectedStateMismatchError
+	if errors.As(err, &mm) {
+		v.Fields = mm.Fields
+		row = mm.Current
+	}
+	if row.ID != 0 {
+		cur := viewOf(row)
+		v.Current = &cur
+	}
+	return v
+}
+
+func ts(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+func tsPtr(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return ts(*t)
+}
+
+func strPtr(s *string) string {
+	if s == nil {
+		return "-"
+	}
+	return *s
+}
+
+func reasonPtr(r *outbox.Reason) string {
+	if r == nil {
+		return "-"
+	}
+	return string(*r)
+}
+
+func renderList(w io.Writer, state string, olderThan time.Duration, rows []outbox.Row) error {
+	if len(rows) == 0 {
+		_, err := fmt.Fprintf(w, "no %s items older than %s\n", state, olderThan)
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tREASON\tATTEMPTS\tLEASE\tSINCE\tTENANT\tKIND\tSUBJECT_REF")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", r.ID, r.State, reasonPtr(r.QuarantineReason), r.Attempts,
+			r.LeaseToken, ts(r.UpdatedAt), r.Tenant, r.SubjectKind, r.SubjectRef)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "%d item(s); next: auroractl recovery inspect <id>\n", len(rows))
+	return err
+}
+
+func renderItem(tw *tabwriter.Writer, r outbox.Row) {
+	fmt.Fprintf(tw, "  state\t%s\n", r.State)
+	if r.QuarantineReason != nil {
+		fmt.Fprintf(tw, "  quarantine_reason\t%s\n", *r.QuarantineReason)
+	}
+	fmt.Fprintf(tw, "  tenant\t%s\n", r.Tenant)
+	fmt.Fprintf(tw, "  subject\t%s %s\n", r.SubjectKind, r.SubjectRef)
+	fmt.Fprintf(tw, "  destination\t%s (%s) via %s\n", r.DestinationAccount, r.Mode, r.Exporter)
+	fmt.Fprintf(tw, "  mapping_version\t%d\n", r.MappingVersion)
+	fmt.Fprintf(tw, "  feature\t%s\n", r.Feature)
+	fmt.Fprintf(tw, "  quantity\t%d\n", r.Quantity)
+	fmt.Fprintf(tw, "  occurred_at\t%s (period %s)\n", ts(r.OccurredAt), ts(r.PeriodStart))
+	fmt.Fprintf(tw, "  identifier\t%s\n", r.IdempotencyKey)
+	fmt.Fprintf(tw, "  lease_token\t%d\n", r.LeaseToken)
+	fmt.Fprintf(tw, "  attempts\t%d (first %s)\n", r.Attempts, tsPtr(r.FirstAttemptAt))
+	fmt.Fprintf(tw, "  dispatch\t%d (published %d)\n", r.Dispatch, r.PublishedDispatch)
+	fmt.Fprintf(tw, "  last_error\t%s\n", strPtr(r.LastError))
+	fmt.Fprintf(tw, "  provider_ref\t%s\n", strPtr(r.ProviderRef))
+	fmt.Fprintf(tw, "  created_at\t%s\n", ts(r.CreatedAt))
+	fmt.Fprintf(tw, "  updated_at\t%s\n", ts(r.UpdatedAt))
+}
+
+func renderExpected(tw *tabwriter.Writer, e recovery.Expected) {
+	fmt.Fprintf(tw, "  state\t%s\n", e.State)
+	fmt.Fprintf(tw, "  lease_token\t%d\n", e.LeaseToken)
+	fmt.Fprintf(tw, "  subject_ref\t%s\n", e.SubjectRef)
+	if e.ProviderRef != nil {
+		fmt.Fprintf(tw, "  provider_ref\t%s\n", *e.ProviderRef)
+	}
+}
+
+func renderLink(tw *tabwriter.Writer, l *recovery.Link) {
+	switch {
+	case l == nil:
+		fmt.Fprintf(tw, "  link\tnone (no usage fact points at this item; abandoning it restages nothing)\n")
+	case l.Kind == recovery.LinkUsageWindow:
+		fmt.Fprintf(tw, "  link\tusage window %s %s %s: generation %d, acknowledged_to %d\n",
+			l.Tenant, l.Feature, ts(*l.PeriodStart), *l.Generation, *l.AcknowledgedTo)
+	case l.Kind == recovery.LinkUsageEvent:
+		fmt.Fprintf(tw, "  link\tusage event %s %s\n", l.Tenant, l.EventID)
+	}
+}
+
+func renderInspect(w io.Writer, ins recovery.Inspection) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "item %d\n", ins.Item.ID)
+	renderItem(tw, ins.Item)
+	fmt.Fprintf(tw, "  current mapping\t%d\n", ins.CurrentMappingVersion)
+	renderLink(tw, ins.Link)
+	fmt.Fprintf(tw, "search at Stripe\n")
+	fmt.Fprintf(tw, "  identifier\t%s\n", ins.SearchIdentifier)
+	fmt.Fprintf(tw, "  \t(the meter event identifier and Idempotency-Key; search the request logs and meter events for it)\n")
+	fmt.Fprintf(tw, "expected state (pin it with --expect-state, --expect-lease-token, --expect-subject-ref)\n")
+	renderExpected(tw, ins.Expected)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "attempts (%d)\n", len(ins.Attempts))
+	if len(ins.Attempts) > 0 {
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  #\tLEASE\tSTARTED\tFINISHED\tOUTCOME\tHTTP\tREQUEST\tERROR")
+		for _, a := range ins.Attempts {
+			status := "-"
+			if a.HTTPStatus != nil {
+				status = strconv.Itoa(int(*a.HTTPStatus))
+			}
+			errText := strPtr(a.ErrorCode)
+			if a.ErrorMessage != nil {
+				errText += ": " + *a.ErrorMessage
+			}
+			fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Attempt, a.LeaseToken, ts(a.StartedAt), tsPtr(a.FinishedAt),
+				strPtr(a.Outcome), status, strPtr(a.StripeRequestID), errText)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(w, "recovery actions (%d)\n", len(ins.Actions))
+	if len(ins.Actions) > 0 {
+		return renderActionTable(w, ins.Actions, "  ")
+	}
+	return nil
+}
+
+func renderActions(w io.Writer, acts []recovery.Action) error {
+	if len(acts) == 0 {
+		_, err := fmt.Fprintln(w, "no recovery actions")
+		return err
+	}
+	return renderActionTable(w, acts, "")
+}
+
+func renderActionTable(w io.Writer, acts []recovery.Action, indent string) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, indent+"ID\tAT\tACTOR\tACTION\tRESULT\tREASON\tEVIDENCE")
+	for _, a := range acts {
+		result := "applied"
+		if a.Refusal != nil {
+			result = "refused: " + string(*a.Refusal)
+		}
+		fmt.Fprintf(tw, "%s%d\t%s\t%s\t%s\t%s\t%s\t%s\n", indent, a.ID, ts(a.CreatedAt), a.Actor, a.Action, result,
+			oneLine(a.Reason), oneLine(a.Evidence))
+	}
+	return tw.Flush()
+}
+
+// oneLine keeps a table row on one line.
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if s == "" {
+		return "-"
+	}
+	return strconv.Quote(s)
+}
+
+func renderChange(tw *tabwriter.Writer, c recovery.Change) {
+	fmt.Fprintf(tw, "  state\t%s -> %s\n", c.From, c.To)
+	if c.ProviderRef != nil {
+		fmt.Fprintf(tw, "  provider_ref\t-> %s\n", *c.ProviderRef)
+	}
+	if c.ClearQuarantineReason != nil {
+		fmt.Fprintf(tw, "  quarantine_reason\t%s -> (cleared)\n", *c.ClearQuarantineReason)
+	}
+	if c.Dispatch != nil {
+		fmt.Fprintf(tw, "  dispatch\t-> %d (the relay publishes it again; next_attempt_at -> now)\n", *c.Dispatch)
+	}
+	if w := c.Window; w != nil {
+		fmt.Fprintf(tw, "  usage window\t%s %s %s: staged link to item %d cleared\n", w.Tenant, w.Feature, ts(w.PeriodStart), w.ClearStagedItemID)
+		if w.AcknowledgedToTo != w.AcknowledgedToFrom {
+			fmt.Fprintf(tw, "  acknowledged_to\t%d -> %d (the next window starts there: new work, a new identity)\n", w.AcknowledgedToFrom, w.AcknowledgedToTo)
+		}
+		if w.GenerationTo != w.GenerationFrom {
+			fmt.Fprintf(tw, "  generation\t%d -> %d\n", w.GenerationFrom, w.GenerationTo)
+		}
+		if w.SameBoundsSubjectRef != "" {
+			fmt.Fprintf(tw, "  restages as\t%s (same bounds; new identifier %s) and is SENT AGAIN\n", w.SameBoundsSubjectRef, w.SameBoundsKey)
+		}
+	}
+	if r := c.Restage; r != nil {
+		id := ""
+		if r.ItemID != 0 {
+			id = fmt.Sprintf("item %d ", r.ItemID)
+		}
+		fmt.Fprintf(tw, "  restages as\t%sevent %s: %s, mapping version %d, new identifier %s, and is SENT AGAIN\n",
+			id, r.EventID, r.SubjectRef, r.MappingVersion, r.IdempotencyKey)
+	}
+	if c.Action == recovery.KindAbandon && c.Window == nil && c.Restage == nil {
+		fmt.Fprintf(tw, "  restages as\tnothing (no usage fact links this item)\n")
+	}
+}
+
+func renderDryRun(w io.Writer, kind recovery.Kind, p recovery.Preview, actor, reason, evidence, cmdline string) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "DRY RUN: nothing was written. %s item %d\n", kind, p.Item.ID)
+	fmt.Fprintf(tw, "row\n")
+	renderItem(tw, p.Item)
+	fmt.Fprintf(tw, "change it would make\n")
+	renderChange(tw, p.Change)
+	fmt.Fprintf(tw, "expected state it would send\n")
+	renderExpected(tw, p.Expected)
+	fmt.Fprintf(tw, "recorded as\n")
+	fmt.Fprintf(tw, "  actor\t%s\n", actor)
+	fmt.Fprintf(tw, "  reason\t%s\n", oneLine(reason))
+	fmt.Fprintf(tw, "  evidence\t%s\n", oneLine(evidence))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if kind == recovery.KindAbandon {
+		fmt.Fprintln(w, "A wrong abandonment double-bills: the subject is sent again under a new identifier. When unsure, leave the item uncertain.")
+	}
+	_, err := fmt.Fprintf(w, "To apply exactly this screen (refused if the row moves):\n  %s\n", cmdline)
+	return err
+}
+
+func renderApplied(w io.Writer, res recovery.Result) error {
+	fmt.Fprintf(w, "applied: %s item %d: %s -> %s (recorded as action #%d by %s)\n",
+		res.Action.Action, res.Item.ID, res.Change.From, res.Change.To, res.Action.ID, res.Action.Actor)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	renderChange(tw, *res.Change)
+	return tw.Flush()
+}
