@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/aurora-billing/aurora/shared/outbox"
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -66,11 +67,17 @@ func (c claimed) message() *nats.Msg {
 // batch claims up to BatchSize due, unpublished rows in one transaction,
 // publishes them asynchronously, marks the acknowledged ones and commits. It
 // returns the number of rows claimed. Rows whose publish failed stay
-// unpublished and locked only until the commit; the error (the first
+// unpublished (their locks end with the commit); the error (the first
 // publish error, or a database error) makes the worker back off. A graceful
 // stop lets a started batch finish: it runs on a context detached from ctx's
 // cancellation, bounded by the publish timeout plus 10 s for the database.
-func (r *Relay) batch(ctx context.Context) (int, error) {
+//
+// Two round trips to Postgres per batch: BEGIN + SET LOCAL + claim
+// pipelined, then mark + COMMIT pipelined. The transaction commits with
+// synchronous_commit = off: a mark lost to a Postgres crash only means the
+// row is published again with the same dispatch, which JetStream drops
+// (within the duplicate window) and a deliverer's claim absorbs (after it).
+func (r *Relay) batch(ctx context.Context) (n int, err error) {
 	if s := r.js.Conn().Status(); s != nats.CONNECTED {
 		// Don't lock rows only to fill the reconnect buffer with copies.
 		return 0, fmt.Errorf("%w (%s)", ErrNATSUnavailable, s)
@@ -83,71 +90,134 @@ func (r *Relay) batch(ctx context.Context) (int, error) {
 	}
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.publishTimeout()+10*time.Second)
 	defer cancel()
-	tx, err := r.pool.Begin(bctx)
+	conn, err := r.pool.Acquire(bctx)
 	if err != nil {
-		return 0, fmt.Errorf("relay: begin: %w", err)
+		return 0, fmt.Errorf("relay: acquire: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(bctx)) //nolint:errcheck // after Commit, a no-op
-
-	rows, err := tx.Query(bctx, claimDueSQL, r.clk.Override(), r.cfg.Outbox.BatchSize)
-	if err != nil {
-		return 0, fmt.Errorf("relay: claim: %w", err)
-	}
-	var items []claimed
-	for rows.Next() {
-		var c claimed
-		if err := rows.Scan(&c.id, &c.key, &c.exporter, &c.tenant, &c.dispatch); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("relay: claim scan: %w", err)
+	defer func() {
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			// Unfinished transaction: roll back; a connection that cannot is
+			// closed so the pool never hands it out mid-transaction.
+			if _, rerr := conn.Exec(bctx, "ROLLBACK"); rerr != nil {
+				_ = conn.Conn().Close(bctx)
+			}
 		}
-		items = append(items, c)
-	}
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("relay: claim: %w", err)
+		conn.Release()
+	}()
+
+	items, err := r.claim(bctx, conn.Conn())
+	if err != nil {
+		return 0, err
 	}
 	if len(items) == 0 {
-		return 0, tx.Commit(bctx)
+		if _, err := conn.Exec(bctx, "COMMIT"); err != nil {
+			return 0, fmt.Errorf("relay: commit: %w", err)
+		}
+		return 0, nil
 	}
 
 	acked, pubErr := r.publish(bctx, items)
 
 	if h := r.hooks.afterPublish; h != nil {
-		ids := make([]int64, len(acked))
-		for i, c := range acked {
-			ids[i] = c.id
-		}
-		if err := h(bctx, ids); err != nil {
+		if err := h(bctx, itemIDs(acked)); err != nil {
 			return len(items), &fatalError{err}
 		}
 	}
-	if len(acked) > 0 {
-		ids := make([]int64, len(acked))
-		dispatches := make([]int32, len(acked))
-		for i, c := range acked {
-			ids[i], dispatches[i] = c.id, c.dispatch
-		}
-		tag, err := tx.Exec(bctx, markPublishedSQL, ids, dispatches, r.clk.Override())
-		if err != nil {
-			return len(items), fmt.Errorf("relay: mark published: %w", err)
-		}
-		if tag.RowsAffected() != int64(len(acked)) {
-			return len(items), fmt.Errorf("%w: %d marked, %d acknowledged", ErrMarkMismatch, tag.RowsAffected(), len(acked))
-		}
-	}
-	if err := tx.Commit(bctx); err != nil {
+	if err := r.markAndCommit(bctx, conn.Conn(), acked); err != nil {
 		// The marks are lost, the messages are not: the rows are published
 		// again with the same dispatch and JetStream drops the copies.
-		return len(items), fmt.Errorf("relay: commit: %w", err)
+		return len(items), err
 	}
 	r.m.published.Add(float64(len(acked)))
 	if h := r.hooks.afterCommit; h != nil && len(acked) > 0 {
-		ids := make([]int64, len(acked))
-		for i, c := range acked {
-			ids[i] = c.id
-		}
-		h(ids)
+		h(itemIDs(acked))
 	}
 	return len(items), pubErr
+}
+
+// claim opens the batch transaction and locks the due rows, in one round
+// trip.
+func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]claimed, error) {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue("SET LOCAL synchronous_commit = off")
+	b.Queue(claimDueSQL, r.clk.Override(), r.cfg.Outbox.BatchSize)
+	br := conn.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("relay: begin: %w", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("relay: begin: %w", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("relay: claim: %w", err)
+	}
+	items := make([]claimed, 0, r.cfg.Outbox.BatchSize)
+	for rows.Next() {
+		var c claimed
+		if err := rows.Scan(&c.id, &c.key, &c.exporter, &c.tenant, &c.dispatch); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("relay: claim scan: %w", err)
+		}
+		items = append(items, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("relay: claim: %w", err)
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("relay: claim: %w", err)
+	}
+	return items, nil
+}
+
+// markAndCommit records the acknowledged dispatches and commits, in one
+// round trip. Every row the UPDATE marks was acknowledged for exactly that
+// dispatch, so the commit is right even if fewer rows matched than were
+// acknowledged; that case (impossible while the batch holds the row locks)
+// is reported as ErrMarkMismatch after the commit, and the unmarked rows are
+// simply published again.
+func (r *Relay) markAndCommit(ctx context.Context, conn *pgx.Conn, acked []claimed) error {
+	if len(acked) == 0 {
+		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+			return fmt.Errorf("relay: commit: %w", err)
+		}
+		return nil
+	}
+	ids := make([]int64, len(acked))
+	dispatches := make([]int32, len(acked))
+	for i, c := range acked {
+		ids[i], dispatches[i] = c.id, c.dispatch
+	}
+	b := &pgx.Batch{}
+	b.Queue(markPublishedSQL, ids, dispatches, r.clk.Override())
+	b.Queue("COMMIT")
+	br := conn.SendBatch(ctx, b)
+	tag, err := br.Exec()
+	if err != nil {
+		_ = br.Close()
+		return fmt.Errorf("relay: mark published: %w", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return fmt.Errorf("relay: commit: %w", err)
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("relay: commit: %w", err)
+	}
+	if tag.RowsAffected() != int64(len(acked)) {
+		return fmt.Errorf("%w: %d marked, %d acknowledged", ErrMarkMismatch, tag.RowsAffected(), len(acked))
+	}
+	return nil
+}
+
+func itemIDs(cs []claimed) []int64 {
+	ids := make([]int64, len(cs))
+	for i, c := range cs {
+		ids[i] = c.id
+	}
+	return ids
 }
 
 // publish sends every item asynchronously, at most MaxInflight unacknowledged

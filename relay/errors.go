@@ -13,7 +13,7 @@ var (
 	ErrPublishTimeout = errors.New("relay: no PubAck within the publish timeout")
 	// ErrMarkMismatch: fewer rows were marked published than were
 	// acknowledged, which the row locks held by the batch should make
-	// impossible; the batch rolls back and its rows are published again.
+	// impossible; the rows left unmarked are published again.
 	ErrMarkMismatch = errors.New("relay: marked rows differ from acknowledged rows")
 	// ErrNATSUnavailable: the NATS connection is not up; the worker backs
 	// off without claiming rows until it reconnects.

@@ -271,8 +271,8 @@ func TestNATSRestartMidRun(t *testing.T) {
 	})
 	srv.Stop()
 	stage(t, pool, items("org_r", 200, 300)...) // staged while NATS is down
-	eventually(t, "publishes failing against the outage", func() (bool, error) {
-		v, err := counterValue(reg, "aurora_relay_publish_errors_total")
+	eventually(t, "batches failing against the outage", func() (bool, error) {
+		v, err := counterValue(reg, "aurora_relay_batch_errors_total")
 		return v > 0, err
 	})
 	select {

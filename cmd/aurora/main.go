@@ -43,6 +43,7 @@ func run(ctx context.Context, args []string) int {
 		newMigrateCmd(),
 		newProbeCmd(),
 		// subcommands: add one line each, below this marker
+		newRelayCmd(),
 		newReporterCmd(),
 		newInboxCmd(),
 		newStripeEmulatorCmd(),
