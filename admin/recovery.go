@@ -54,25 +54,25 @@ the exact command). There is no force option.`,
 	return cmd
 }
 
-// withService opens AURORA_DATABASE_URL and runs fn with a recovery service
+// recoveryService opens AURORA_DATABASE_URL and runs fn with a recovery service
 // on the database clock.
-func withService(ctx context.Context, fn func(*recovery.Service) error) error {
+func recoveryService(ctx context.Context, fn func(*recovery.Service) error) error {
 	dbURL, err := databaseURL()
 	if err != nil {
 		return err
 	}
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
-		return &ExitError{Code: ExitInvalidInput, Msg: "AURORA_DATABASE_URL is not a usable postgres URL: " + redactedErr(err, dbURL), Err: err}
+		return &ExitError{Code: ExitInvalidInput, Msg: "AURORA_DATABASE_URL is not a usable postgres URL: " + recoveryRedactedErr(err, dbURL), Err: err}
 	}
 	defer pool.Close()
 	if err := pool.Ping(ctx); err != nil {
-		return &ExitError{Code: ExitFailure, Msg: "cannot reach the database at " + redactURL(dbURL) + "; check AURORA_DATABASE_URL and that Postgres is up", Err: err}
+		return &ExitError{Code: ExitFailure, Msg: "cannot reach the database at " + recoveryRedactURL(dbURL) + "; check AURORA_DATABASE_URL and that Postgres is up", Err: err}
 	}
 	return fn(recovery.New(pool, recovery.Config{}))
 }
 
-func redactURL(raw string) string {
+func recoveryRedactURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "AURORA_DATABASE_URL"
@@ -80,7 +80,7 @@ func redactURL(raw string) string {
 	return u.Redacted()
 }
 
-func redactedErr(err error, raw string) string {
+func recoveryRedactedErr(err error, raw string) string {
 	msg := err.Error()
 	if u, perr := url.Parse(raw); perr == nil && u.User != nil {
 		if p, ok := u.User.Password(); ok && p != "" {
@@ -90,7 +90,7 @@ func redactedErr(err error, raw string) string {
 	return msg
 }
 
-func parseID(arg string) (int64, error) {
+func recoveryParseID(arg string) (int64, error) {
 	id, err := strconv.ParseInt(arg, 10, 64)
 	if err != nil || id <= 0 {
 		return 0, invalidInput("item id %q is not a positive integer; take it from `auroractl recovery list`", arg)
@@ -98,7 +98,7 @@ func parseID(arg string) (int64, error) {
 	return id, nil
 }
 
-func writeJSON(w io.Writer, v any) error {
+func recoveryJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
@@ -119,19 +119,19 @@ func newRecoveryListCmd(asJSON *bool) *cobra.Command {
 				return invalidInput("--limit %d outside 1..%d", limit, recovery.MaxLimit)
 			}
 			p := recovery.ListParams{State: outbox.State(state), OlderThan: olderThan, Reason: outbox.Reason(reason), Limit: limit}
-			return withService(cmd.Context(), func(svc *recovery.Service) error {
+			return recoveryService(cmd.Context(), func(svc *recovery.Service) error {
 				rows, err := svc.List(cmd.Context(), p)
 				if err != nil {
 					return recoveryExit(err, 0, nil)
 				}
 				if *asJSON {
-					items := make([]itemView, len(rows))
+					items := make([]recoveryItemView, len(rows))
 					for i, r := range rows {
-						items[i] = viewOf(r)
+						items[i] = recoveryItemOf(r)
 					}
-					return writeJSON(cmd.OutOrStdout(), map[string]any{"state": state, "older_than_seconds": olderThan.Seconds(), "items": items})
+					return recoveryJSON(cmd.OutOrStdout(), map[string]any{"state": state, "older_than_seconds": olderThan.Seconds(), "items": items})
 				}
-				return renderList(cmd.OutOrStdout(), state, olderThan, rows)
+				return renderRecoveryList(cmd.OutOrStdout(), state, olderThan, rows)
 			})
 		},
 	}
@@ -148,19 +148,19 @@ func newRecoveryInspectCmd(asJSON *bool) *cobra.Command {
 		Short: "Show one item, its attempts, its recovery actions and the identifier to search for at Stripe",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseID(args[0])
+			id, err := recoveryParseID(args[0])
 			if err != nil {
 				return err
 			}
-			return withService(cmd.Context(), func(svc *recovery.Service) error {
+			return recoveryService(cmd.Context(), func(svc *recovery.Service) error {
 				ins, err := svc.Inspect(cmd.Context(), id)
 				if err != nil {
 					return recoveryExit(err, id, nil)
 				}
 				if *asJSON {
-					return writeJSON(cmd.OutOrStdout(), inspectViewOf(ins))
+					return recoveryJSON(cmd.OutOrStdout(), recoveryInspectOf(ins))
 				}
-				return renderInspect(cmd.OutOrStdout(), ins)
+				return renderRecoveryInspect(cmd.OutOrStdout(), ins)
 			})
 		},
 	}
@@ -172,26 +172,26 @@ func newRecoveryActionsCmd(asJSON *bool) *cobra.Command {
 		Short: "List every recovery call on one item, applied or refused, oldest first",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseID(args[0])
+			id, err := recoveryParseID(args[0])
 			if err != nil {
 				return err
 			}
-			return withService(cmd.Context(), func(svc *recovery.Service) error {
+			return recoveryService(cmd.Context(), func(svc *recovery.Service) error {
 				acts, err := svc.Actions(cmd.Context(), id)
 				if err != nil {
 					return recoveryExit(err, id, nil)
 				}
 				if *asJSON {
-					return writeJSON(cmd.OutOrStdout(), map[string]any{"item_id": id, "actions": acts})
+					return recoveryJSON(cmd.OutOrStdout(), map[string]any{"item_id": id, "actions": acts})
 				}
-				return renderActions(cmd.OutOrStdout(), acts)
+				return renderRecoveryActions(cmd.OutOrStdout(), acts)
 			})
 		},
 	}
 }
 
-// writeFlags are the flags of acknowledge, abandon and requeue.
-type writeFlags struct {
+// recoveryWriteFlags are the flags of acknowledge, abandon and requeue.
+type recoveryWriteFlags struct {
 	kind              recovery.Kind
 	reason, evidence  string
 	providerRef       string
@@ -203,7 +203,7 @@ type writeFlags struct {
 	expectProviderRef string
 }
 
-var writeDocs = map[recovery.Kind]struct{ short, example string }{
+var recoveryWriteDocs = map[recovery.Kind]struct{ short, example string }{
 	recovery.KindAcknowledge: {
 		"uncertain -> accepted: you found the item in Stripe's records (dry run without --yes)",
 		`  auroractl recovery acknowledge 42 --provider-ref req_TEST \
@@ -223,19 +223,19 @@ var writeDocs = map[recovery.Kind]struct{ short, example string }{
 }
 
 func newRecoveryWriteCmd(asJSON *bool, kind recovery.Kind) *cobra.Command {
-	f := &writeFlags{kind: kind}
+	f := &recoveryWriteFlags{kind: kind}
 	cmd := &cobra.Command{
 		Use:     string(kind) + " <id>",
-		Short:   writeDocs[kind].short,
-		Example: writeDocs[kind].example,
+		Short:   recoveryWriteDocs[kind].short,
+		Example: recoveryWriteDocs[kind].example,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseID(args[0])
+			id, err := recoveryParseID(args[0])
 			if err != nil {
 				return err
 			}
-			return withService(cmd.Context(), func(svc *recovery.Service) error {
-				return runWrite(cmd, svc, f, id, *asJSON)
+			return recoveryService(cmd.Context(), func(svc *recovery.Service) error {
+				return runRecoveryWrite(cmd, svc, f, id, *asJSON)
 			})
 		},
 	}
@@ -260,7 +260,7 @@ func newRecoveryWriteCmd(asJSON *bool, kind recovery.Kind) *cobra.Command {
 
 // expected builds the expected-state map: a fresh read of the row, with
 // every --expect-* flag given overriding its field.
-func (f *writeFlags) expected(cmd *cobra.Command, row outbox.Row) recovery.Expected {
+func (f *recoveryWriteFlags) expected(cmd *cobra.Command, row outbox.Row) recovery.Expected {
 	e := recovery.ExpectedOf(row)
 	fl := cmd.Flags()
 	if fl.Changed("expect-state") {
@@ -279,7 +279,7 @@ func (f *writeFlags) expected(cmd *cobra.Command, row outbox.Row) recovery.Expec
 	return e
 }
 
-func runWrite(cmd *cobra.Command, svc *recovery.Service, f *writeFlags, id int64, asJSON bool) error {
+func runRecoveryWrite(cmd *cobra.Command, svc *recovery.Service, f *recoveryWriteFlags, id int64, asJSON bool) error {
 	ctx := cmd.Context()
 	row, err := svc.Get(ctx, id)
 	if err != nil {
@@ -320,73 +320,73 @@ func runWrite(cmd *cobra.Command, svc *recovery.Service, f *writeFlags, id int64
 	if !f.yes {
 		if err != nil {
 			// A dry run records nothing, applied or refused.
-			if asJSON && refusalCode(err) != "" {
-				_ = writeJSON(out, refusalView(err, f.kind, id, true, preview.Item, nil))
+			if asJSON && recoveryRefusal(err) != "" {
+				_ = recoveryJSON(out, recoveryRefusalOf(err, f.kind, id, true, preview.Item, nil))
 			}
 			return recoveryExit(err, id, nil)
 		}
-		cmdline := applyCommand(f, id, expected)
+		cmdline := recoveryApplyCommand(f, id, expected)
 		if asJSON {
-			return writeJSON(out, dryRunView{
-				DryRun: true, Action: f.kind, Item: viewOf(preview.Item), Change: preview.Change,
+			return recoveryJSON(out, recoveryDryRunView{
+				DryRun: true, Action: f.kind, Item: recoveryItemOf(preview.Item), Change: preview.Change,
 				Expected: preview.Expected, Actor: actor, Reason: f.reason, Evidence: f.evidence, ApplyCommand: cmdline,
 			})
 		}
-		return renderDryRun(out, f.kind, preview, actor, f.reason, f.evidence, cmdline)
+		return renderRecoveryDryRun(out, f.kind, preview, actor, f.reason, f.evidence, cmdline)
 	}
 	if err != nil {
 		var act *recovery.Action
 		if res.Action.ID != 0 {
 			act = &res.Action
 		}
-		if asJSON && refusalCode(err) != "" {
-			_ = writeJSON(out, refusalView(err, f.kind, id, false, res.Item, act))
+		if asJSON && recoveryRefusal(err) != "" {
+			_ = recoveryJSON(out, recoveryRefusalOf(err, f.kind, id, false, res.Item, act))
 		}
 		return recoveryExit(err, id, act)
 	}
 	if asJSON {
-		v := appliedView{Applied: true, Action: res.Action, Item: viewOf(res.Item), Change: res.Change}
+		v := recoveryAppliedView{Applied: true, Action: res.Action, Item: recoveryItemOf(res.Item), Change: res.Change}
 		if res.Restaged != nil {
-			r := viewOf(*res.Restaged)
+			r := recoveryItemOf(*res.Restaged)
 			v.Restaged = &r
 		}
-		return writeJSON(out, v)
+		return recoveryJSON(out, v)
 	}
-	return renderApplied(out, res)
+	return renderRecoveryApplied(out, res)
 }
 
-// applyCommand is the command that applies exactly the dry run's screen:
+// recoveryApplyCommand is the command that applies exactly the dry run's screen:
 // every expected field pinned.
-func applyCommand(f *writeFlags, id int64, e recovery.Expected) string {
+func recoveryApplyCommand(f *recoveryWriteFlags, id int64, e recovery.Expected) string {
 	parts := []string{"auroractl", "recovery", string(f.kind), strconv.FormatInt(id, 10),
 		"--expect-state", string(e.State), "--expect-lease-token", strconv.FormatInt(e.LeaseToken, 10),
-		"--expect-subject-ref", shellQuote(e.SubjectRef)}
+		"--expect-subject-ref", recoveryShellQuote(e.SubjectRef)}
 	if e.ProviderRef != nil {
-		parts = append(parts, "--expect-provider-ref", shellQuote(*e.ProviderRef))
+		parts = append(parts, "--expect-provider-ref", recoveryShellQuote(*e.ProviderRef))
 	}
 	if f.providerRef != "" {
-		parts = append(parts, "--provider-ref", shellQuote(f.providerRef))
+		parts = append(parts, "--provider-ref", recoveryShellQuote(f.providerRef))
 	}
-	parts = append(parts, "--reason", shellQuote(f.reason))
+	parts = append(parts, "--reason", recoveryShellQuote(f.reason))
 	if f.evidence != "" || f.kind != recovery.KindRequeue {
-		parts = append(parts, "--evidence", shellQuote(f.evidence))
+		parts = append(parts, "--evidence", recoveryShellQuote(f.evidence))
 	}
 	if f.actor != "" {
-		parts = append(parts, "--actor", shellQuote(f.actor))
+		parts = append(parts, "--actor", recoveryShellQuote(f.actor))
 	}
 	return strings.Join(append(parts, "--yes"), " ")
 }
 
-// shellQuote quotes s for a POSIX shell when it needs it.
-func shellQuote(s string) string {
+// recoveryShellQuote quotes s for a POSIX shell when it needs it.
+func recoveryShellQuote(s string) string {
 	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.:/=@+,") == "" {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// refusalCode is the refusal atom of err, or "" when err is not a refusal.
-func refusalCode(err error) recovery.Refusal {
+// recoveryRefusal is the refusal atom of err, or "" when err is not a refusal.
+func recoveryRefusal(err error) recovery.Refusal {
 	switch {
 	case errors.Is(err, recovery.ErrExpectedStateMismatch):
 		return recovery.RefusalExpectedStateMismatch
@@ -423,7 +423,7 @@ func recoveryExit(err error, id int64, act *recovery.Action) error {
 	case errors.As(err, &mm):
 		return &ExitError{Code: ExitStateMismatch, Err: err,
 			Msg: fmt.Sprintf("expected_state_mismatch: item %d moved since your screen (%s); re-read it with `auroractl recovery inspect %d` and decide again%s",
-				id, mismatchDetail(mm), id, recorded)}
+				id, recoveryMismatchDetail(mm), id, recorded)}
 	case errors.Is(err, recovery.ErrInvalidReason):
 		return &ExitError{Code: ExitInvalidInput, Err: err, Msg: "invalid_reason: --reason is blank; say why you are doing this" + recorded}
 	case errors.Is(err, recovery.ErrInvalidEvidence):
@@ -444,7 +444,7 @@ func recoveryExit(err error, id int64, act *recovery.Action) error {
 	return err
 }
 
-func mismatchDetail(mm *recovery.ExpectedStateMismatchError) string {
+func recoveryMismatchDetail(mm *recovery.ExpectedStateMismatchError) string {
 	var parts []string
 	now := recovery.Observe(mm.Current)
 	for _, f := range mm.Fields {
@@ -456,20 +456,20 @@ func mismatchDetail(mm *recovery.ExpectedStateMismatchError) string {
 		case "subject_ref":
 			parts = append(parts, fmt.Sprintf("subject_ref: expected %q, now %q", mm.Expected.SubjectRef, now.SubjectRef))
 		case "provider_ref":
-			parts = append(parts, fmt.Sprintf("provider_ref: expected %q, now %s", deref(mm.Expected.ProviderRef), quotedOrNone(now.ProviderRef)))
+			parts = append(parts, fmt.Sprintf("provider_ref: expected %q, now %s", recoveryDeref(mm.Expected.ProviderRef), recoveryQuotedOrNone(now.ProviderRef)))
 		}
 	}
 	return strings.Join(parts, "; ")
 }
 
-func deref(s *string) string {
+func recoveryDeref(s *string) string {
 	if s == nil {
 		return ""
 	}
 	return *s
 }
 
-func quotedOrNone(s *string) string {
+func recoveryQuotedOrNone(s *string) string {
 	if s == nil {
 		return "none"
 	}

@@ -29,12 +29,12 @@ func init() {
 	}
 }
 
-func updateGoldens() bool {
+func recoveryUpdateGoldens() bool {
 	f := flag.Lookup("update")
 	return f != nil && f.Value.String() == "true"
 }
 
-var sept = time.Date(2026, 9, 1, 0, 0, 0, 0, time.UTC)
+var recSept = time.Date(2026, 9, 1, 0, 0, 0, 0, time.UTC)
 
 // recoveryDB is a fresh database with four items, ids fixed by insertion
 // order:
@@ -68,7 +68,7 @@ func newRecoveryDB(t *testing.T) *recoveryDB {
 	var e1, e2 outbox.Row
 	err = pgx.BeginFunc(d.ctx, pool, func(tx pgx.Tx) error {
 		var err error
-		ev := usage.Event{Tenant: "org_123", EventID: "req-1", Feature: "api_calls", Quantity: 7, OccurredAt: sept.Add(10 * time.Hour)}
+		ev := usage.Event{Tenant: "org_123", EventID: "req-1", Feature: "api_calls", Quantity: 7, OccurredAt: recSept.Add(10 * time.Hour)}
 		if e1, _, err = rec.Record(d.ctx, tx, ev); err != nil {
 			return err
 		}
@@ -104,16 +104,16 @@ func (d *recoveryDB) stageWindow(tenant string, from, to int64, generation int) 
 	err := pgx.BeginFunc(d.ctx, d.pool, func(tx pgx.Tx) error {
 		row, err := outbox.Stage(d.ctx, tx, outbox.Item{
 			Identity: identity.Identity{Tenant: tenant, SubjectKind: identity.SubjectUsageWindow,
-				SubjectRef: usage.WindowSubjectRef("api_calls", sept, from, to, generation), Exporter: outbox.DefaultExporter,
+				SubjectRef: usage.WindowSubjectRef("api_calls", recSept, from, to, generation), Exporter: outbox.DefaultExporter,
 				DestinationAccount: "acct_1Test", Mode: identity.ModeTest, MappingVersion: 1},
-			Feature: "api_calls", Quantity: to - from, OccurredAt: sept.Add(23 * time.Hour), PeriodStart: sept,
+			Feature: "api_calls", Quantity: to - from, OccurredAt: recSept.Add(23 * time.Hour), PeriodStart: recSept,
 		})
 		if err != nil {
 			return err
 		}
 		id = row.ID
 		_, err = tx.Exec(d.ctx, `INSERT INTO usage_windows (tenant, feature, period_start, acknowledged_to, generation, staged_item_id)
-			VALUES ($1, 'api_calls', $2, $3, $4, $5)`, tenant, sept, from, generation, row.ID)
+			VALUES ($1, 'api_calls', $2, $3, $4, $5)`, tenant, recSept, from, generation, row.ID)
 		return err
 	})
 	if err != nil {
@@ -157,8 +157,8 @@ func (d *recoveryDB) count(sql string) int {
 // "<now>" inside JSON strings, the same-width YYYY-MM-DDThh:mm:ssZ in text
 // tables. Fixture times stay.
 func (d *recoveryDB) normalise(s string) string {
-	cutoff := sept.AddDate(0, 1, 0)
-	return stamp.ReplaceAllStringFunc(s, func(m string) string {
+	cutoff := recSept.AddDate(0, 1, 0)
+	return recoveryStamp.ReplaceAllStringFunc(s, func(m string) string {
 		quoted := strings.HasPrefix(m, `"`)
 		t, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(m, `"`))
 		if err != nil || t.Before(cutoff) {
@@ -171,12 +171,12 @@ func (d *recoveryDB) normalise(s string) string {
 	})
 }
 
-var stamp = regexp.MustCompile(`"?\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z`)
+var recoveryStamp = regexp.MustCompile(`"?\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z`)
 
-func golden(t *testing.T, name, got string) {
+func recoveryGolden(t *testing.T, name, got string) {
 	t.Helper()
 	path := filepath.Join("testdata", "recovery", name+".golden")
-	if updateGoldens() {
+	if recoveryUpdateGoldens() {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -222,7 +222,7 @@ func TestRecoveryGoldens(t *testing.T) {
 		if code != ExitOK || errOut != "" {
 			t.Fatalf("%s: code %d stderr %q", tt.name, code, errOut)
 		}
-		golden(t, tt.name, d.normalise(out))
+		recoveryGolden(t, tt.name, d.normalise(out))
 	}
 	// the dry runs wrote nothing
 	if n := d.count(`SELECT count(*) FROM recovery_actions`); n != 0 {
@@ -232,23 +232,23 @@ func TestRecoveryGoldens(t *testing.T) {
 		t.Fatalf("dry runs moved items: %d left", n)
 	}
 
-	// Applied, then the golden of the applied JSON and of the actions.
+	// Applied, then the golden files of the applied JSON and of the actions.
 	code, out, errOut := runCtl(t, d.env, "recovery", "abandon", "2", "--reason", "no meter event for this identifier",
 		"--evidence", "searched 2026-09-15 09:00Z to 10:00Z, 0 results", "--yes", "--json")
 	if code != ExitOK {
 		t.Fatalf("abandon: %d %q", code, errOut)
 	}
-	golden(t, "abandon_event_applied_json", d.normalise(out))
+	recoveryGolden(t, "abandon_event_applied_json", d.normalise(out))
 	code, out, _ = runCtl(t, d.env, "recovery", "requeue", "4", "--reason", "linked the tenant's Stripe customer", "--yes")
 	if code != ExitOK {
 		t.Fatalf("requeue: %d", code)
 	}
-	golden(t, "requeue_applied", d.normalise(out))
+	recoveryGolden(t, "requeue_applied", d.normalise(out))
 	code, out, _ = runCtl(t, d.env, "recovery", "actions", "2", "--json")
 	if code != ExitOK {
 		t.Fatalf("actions: %d", code)
 	}
-	golden(t, "actions_json", d.normalise(out))
+	recoveryGolden(t, "actions_json", d.normalise(out))
 }
 
 // A stale screen: the operator pinned what they saw (lease token 2); the
@@ -275,7 +275,7 @@ func TestRecoveryStaleScreenRefusedAndRecorded(t *testing.T) {
 		"re-read it with `auroractl recovery inspect 1` and decide again (refusal recorded as action #1)\n" {
 		t.Fatalf("stderr %q", errOut)
 	}
-	golden(t, "acknowledge_stale_refused_json", d.normalise(out))
+	recoveryGolden(t, "acknowledge_stale_refused_json", d.normalise(out))
 	if n := d.count(`SELECT count(*) FROM recovery_actions WHERE item_id = 1 AND NOT applied AND refusal = 'expected_state_mismatch' AND actor = 'liam'`); n != 1 {
 		t.Fatalf("refusal rows %d", n)
 	}

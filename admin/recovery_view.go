@@ -14,9 +14,9 @@ import (
 	"github.com/aurora-billing/aurora/shared/outbox"
 )
 
-// itemView is the JSON shape of an outbox item in auroractl's output:
+// recoveryItemView is the JSON shape of an outbox item in auroractl's output:
 // every column, snake_case, times in UTC.
-type itemView struct {
+type recoveryItemView struct {
 	ID                 int64           `json:"id"`
 	Tenant             string          `json:"tenant"`
 	SubjectKind        string          `json:"subject_kind"`
@@ -47,7 +47,7 @@ type itemView struct {
 	UpdatedAt          time.Time       `json:"updated_at"`
 }
 
-func utcPtr(t *time.Time) *time.Time {
+func recoveryUTC(t *time.Time) *time.Time {
 	if t == nil {
 		return nil
 	}
@@ -55,25 +55,25 @@ func utcPtr(t *time.Time) *time.Time {
 	return &u
 }
 
-func viewOf(r outbox.Row) itemView {
+func recoveryItemOf(r outbox.Row) recoveryItemView {
 	payload := r.Payload
 	if len(payload) == 0 {
 		payload = json.RawMessage("{}")
 	}
-	return itemView{
+	return recoveryItemView{
 		ID: r.ID, Tenant: r.Tenant, SubjectKind: string(r.SubjectKind), SubjectRef: r.SubjectRef, Exporter: r.Exporter,
 		DestinationAccount: r.DestinationAccount, Mode: string(r.Mode), MappingVersion: r.MappingVersion,
 		IdempotencyKey: r.IdempotencyKey, Feature: r.Feature, Quantity: r.Quantity, OccurredAt: r.OccurredAt.UTC(),
 		PeriodStart: r.PeriodStart.UTC(), Payload: payload, State: r.State, QuarantineReason: r.QuarantineReason,
-		LeaseToken: r.LeaseToken, LeaseExpiresAt: utcPtr(r.LeaseExpiresAt), Attempts: r.Attempts,
-		NextAttemptAt: r.NextAttemptAt.UTC(), FirstAttemptAt: utcPtr(r.FirstAttemptAt), Dispatch: r.Dispatch,
-		PublishedDispatch: r.PublishedDispatch, PublishedAt: utcPtr(r.PublishedAt), LastError: r.LastError,
+		LeaseToken: r.LeaseToken, LeaseExpiresAt: recoveryUTC(r.LeaseExpiresAt), Attempts: r.Attempts,
+		NextAttemptAt: r.NextAttemptAt.UTC(), FirstAttemptAt: recoveryUTC(r.FirstAttemptAt), Dispatch: r.Dispatch,
+		PublishedDispatch: r.PublishedDispatch, PublishedAt: recoveryUTC(r.PublishedAt), LastError: r.LastError,
 		ProviderRef: r.ProviderRef, CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC(),
 	}
 }
 
-type inspectView struct {
-	Item                  itemView           `json:"item"`
+type recoveryInspectView struct {
+	Item                  recoveryItemView   `json:"item"`
 	SearchIdentifier      string             `json:"search_identifier"`
 	CurrentMappingVersion int32              `json:"current_mapping_version"`
 	Link                  *recovery.Link     `json:"link"`
@@ -82,15 +82,15 @@ type inspectView struct {
 	Actions               []recovery.Action  `json:"actions"`
 }
 
-func inspectViewOf(ins recovery.Inspection) inspectView {
-	return inspectView{Item: viewOf(ins.Item), SearchIdentifier: ins.SearchIdentifier, CurrentMappingVersion: ins.CurrentMappingVersion,
+func recoveryInspectOf(ins recovery.Inspection) recoveryInspectView {
+	return recoveryInspectView{Item: recoveryItemOf(ins.Item), SearchIdentifier: ins.SearchIdentifier, CurrentMappingVersion: ins.CurrentMappingVersion,
 		Link: ins.Link, Expected: ins.Expected, Attempts: ins.Attempts, Actions: ins.Actions}
 }
 
-type dryRunView struct {
+type recoveryDryRunView struct {
 	DryRun       bool              `json:"dry_run"`
 	Action       recovery.Kind     `json:"action"`
-	Item         itemView          `json:"item"`
+	Item         recoveryItemView  `json:"item"`
 	Change       recovery.Change   `json:"change"`
 	Expected     recovery.Expected `json:"expected"`
 	Actor        string            `json:"actor"`
@@ -99,15 +99,15 @@ type dryRunView struct {
 	ApplyCommand string            `json:"apply_command"`
 }
 
-type appliedView struct {
-	Applied  bool             `json:"applied"`
-	Action   recovery.Action  `json:"action"`
-	Item     itemView         `json:"item"`
-	Change   *recovery.Change `json:"change"`
-	Restaged *itemView        `json:"restaged_item,omitempty"`
+type recoveryAppliedView struct {
+	Applied  bool              `json:"applied"`
+	Action   recovery.Action   `json:"action"`
+	Item     recoveryItemView  `json:"item"`
+	Change   *recovery.Change  `json:"change"`
+	Restaged *recoveryItemView `json:"restaged_item,omitempty"`
 }
 
-type refusedView struct {
+type recoveryRefusedView struct {
 	Applied bool             `json:"applied"`
 	DryRun  bool             `json:"dry_run"`
 	Action  recovery.Kind    `json:"action"`
@@ -117,49 +117,49 @@ type refusedView struct {
 	// Fields names the expected fields that differ (expected_state_mismatch).
 	Fields []string `json:"fields,omitempty"`
 	// Current is the row as it is now.
-	Current *itemView `json:"current,omitempty"`
+	Current *recoveryItemView `json:"current,omitempty"`
 	// Recorded is the refused action written (nil in a dry run).
 	Recorded *recovery.Action `json:"recorded_action"`
 }
 
-func refusalView(err error, kind recovery.Kind, id int64, dryRun bool, row outbox.Row, act *recovery.Action) refusedView {
-	v := refusedView{DryRun: dryRun, Action: kind, ItemID: id, Refusal: refusalCode(err), Error: err.Error(), Recorded: act}
+func recoveryRefusalOf(err error, kind recovery.Kind, id int64, dryRun bool, row outbox.Row, act *recovery.Action) recoveryRefusedView {
+	v := recoveryRefusedView{DryRun: dryRun, Action: kind, ItemID: id, Refusal: recoveryRefusal(err), Error: err.Error(), Recorded: act}
 	var mm *recovery.ExpectedStateMismatchError
 	if errors.As(err, &mm) {
 		v.Fields = mm.Fields
 		row = mm.Current
 	}
 	if row.ID != 0 {
-		cur := viewOf(row)
+		cur := recoveryItemOf(row)
 		v.Current = &cur
 	}
 	return v
 }
 
-func ts(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+func recoveryTS(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 
-func tsPtr(t *time.Time) string {
+func recoveryTSPtr(t *time.Time) string {
 	if t == nil {
 		return "-"
 	}
-	return ts(*t)
+	return recoveryTS(*t)
 }
 
-func strPtr(s *string) string {
+func recoveryStr(s *string) string {
 	if s == nil {
 		return "-"
 	}
 	return *s
 }
 
-func reasonPtr(r *outbox.Reason) string {
+func recoveryReason(r *outbox.Reason) string {
 	if r == nil {
 		return "-"
 	}
 	return string(*r)
 }
 
-func renderList(w io.Writer, state string, olderThan time.Duration, rows []outbox.Row) error {
+func renderRecoveryList(w io.Writer, state string, olderThan time.Duration, rows []outbox.Row) error {
 	if len(rows) == 0 {
 		_, err := fmt.Fprintf(w, "no %s items older than %s\n", state, olderThan)
 		return err
@@ -167,8 +167,8 @@ func renderList(w io.Writer, state string, olderThan time.Duration, rows []outbo
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tREASON\tATTEMPTS\tLEASE\tSINCE\tTENANT\tKIND\tSUBJECT_REF")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", r.ID, r.State, reasonPtr(r.QuarantineReason), r.Attempts,
-			r.LeaseToken, ts(r.UpdatedAt), r.Tenant, r.SubjectKind, r.SubjectRef)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", r.ID, r.State, recoveryReason(r.QuarantineReason), r.Attempts,
+			r.LeaseToken, recoveryTS(r.UpdatedAt), r.Tenant, r.SubjectKind, r.SubjectRef)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -177,7 +177,7 @@ func renderList(w io.Writer, state string, olderThan time.Duration, rows []outbo
 	return err
 }
 
-func renderItem(tw *tabwriter.Writer, r outbox.Row) {
+func renderRecoveryItem(tw *tabwriter.Writer, r outbox.Row) {
 	fmt.Fprintf(tw, "  state\t%s\n", r.State)
 	if r.QuarantineReason != nil {
 		fmt.Fprintf(tw, "  quarantine_reason\t%s\n", *r.QuarantineReason)
@@ -188,18 +188,18 @@ func renderItem(tw *tabwriter.Writer, r outbox.Row) {
 	fmt.Fprintf(tw, "  mapping_version\t%d\n", r.MappingVersion)
 	fmt.Fprintf(tw, "  feature\t%s\n", r.Feature)
 	fmt.Fprintf(tw, "  quantity\t%d\n", r.Quantity)
-	fmt.Fprintf(tw, "  occurred_at\t%s (period %s)\n", ts(r.OccurredAt), ts(r.PeriodStart))
+	fmt.Fprintf(tw, "  occurred_at\t%s (period %s)\n", recoveryTS(r.OccurredAt), recoveryTS(r.PeriodStart))
 	fmt.Fprintf(tw, "  identifier\t%s\n", r.IdempotencyKey)
 	fmt.Fprintf(tw, "  lease_token\t%d\n", r.LeaseToken)
-	fmt.Fprintf(tw, "  attempts\t%d (first %s)\n", r.Attempts, tsPtr(r.FirstAttemptAt))
+	fmt.Fprintf(tw, "  attempts\t%d (first %s)\n", r.Attempts, recoveryTSPtr(r.FirstAttemptAt))
 	fmt.Fprintf(tw, "  dispatch\t%d (published %d)\n", r.Dispatch, r.PublishedDispatch)
-	fmt.Fprintf(tw, "  last_error\t%s\n", strPtr(r.LastError))
-	fmt.Fprintf(tw, "  provider_ref\t%s\n", strPtr(r.ProviderRef))
-	fmt.Fprintf(tw, "  created_at\t%s\n", ts(r.CreatedAt))
-	fmt.Fprintf(tw, "  updated_at\t%s\n", ts(r.UpdatedAt))
+	fmt.Fprintf(tw, "  last_error\t%s\n", recoveryStr(r.LastError))
+	fmt.Fprintf(tw, "  provider_ref\t%s\n", recoveryStr(r.ProviderRef))
+	fmt.Fprintf(tw, "  created_at\t%s\n", recoveryTS(r.CreatedAt))
+	fmt.Fprintf(tw, "  updated_at\t%s\n", recoveryTS(r.UpdatedAt))
 }
 
-func renderExpected(tw *tabwriter.Writer, e recovery.Expected) {
+func renderRecoveryExpected(tw *tabwriter.Writer, e recovery.Expected) {
 	fmt.Fprintf(tw, "  state\t%s\n", e.State)
 	fmt.Fprintf(tw, "  lease_token\t%d\n", e.LeaseToken)
 	fmt.Fprintf(tw, "  subject_ref\t%s\n", e.SubjectRef)
@@ -208,29 +208,29 @@ func renderExpected(tw *tabwriter.Writer, e recovery.Expected) {
 	}
 }
 
-func renderLink(tw *tabwriter.Writer, l *recovery.Link) {
+func renderRecoveryLink(tw *tabwriter.Writer, l *recovery.Link) {
 	switch {
 	case l == nil:
 		fmt.Fprintf(tw, "  link\tnone (no usage fact points at this item; abandoning it restages nothing)\n")
 	case l.Kind == recovery.LinkUsageWindow:
 		fmt.Fprintf(tw, "  link\tusage window %s %s %s: generation %d, acknowledged_to %d\n",
-			l.Tenant, l.Feature, ts(*l.PeriodStart), *l.Generation, *l.AcknowledgedTo)
+			l.Tenant, l.Feature, recoveryTS(*l.PeriodStart), *l.Generation, *l.AcknowledgedTo)
 	case l.Kind == recovery.LinkUsageEvent:
 		fmt.Fprintf(tw, "  link\tusage event %s %s\n", l.Tenant, l.EventID)
 	}
 }
 
-func renderInspect(w io.Writer, ins recovery.Inspection) error {
+func renderRecoveryInspect(w io.Writer, ins recovery.Inspection) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "item %d\n", ins.Item.ID)
-	renderItem(tw, ins.Item)
+	renderRecoveryItem(tw, ins.Item)
 	fmt.Fprintf(tw, "  current mapping\t%d\n", ins.CurrentMappingVersion)
-	renderLink(tw, ins.Link)
+	renderRecoveryLink(tw, ins.Link)
 	fmt.Fprintf(tw, "search at Stripe\n")
 	fmt.Fprintf(tw, "  identifier\t%s\n", ins.SearchIdentifier)
 	fmt.Fprintf(tw, "  \t(the meter event identifier and Idempotency-Key; search the request logs and meter events for it)\n")
 	fmt.Fprintf(tw, "expected state (pin it with --expect-state, --expect-lease-token, --expect-subject-ref)\n")
-	renderExpected(tw, ins.Expected)
+	renderRecoveryExpected(tw, ins.Expected)
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -243,12 +243,12 @@ func renderInspect(w io.Writer, ins recovery.Inspection) error {
 			if a.HTTPStatus != nil {
 				status = strconv.Itoa(int(*a.HTTPStatus))
 			}
-			errText := strPtr(a.ErrorCode)
+			errText := recoveryStr(a.ErrorCode)
 			if a.ErrorMessage != nil {
 				errText += ": " + *a.ErrorMessage
 			}
-			fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Attempt, a.LeaseToken, ts(a.StartedAt), tsPtr(a.FinishedAt),
-				strPtr(a.Outcome), status, strPtr(a.StripeRequestID), errText)
+			fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Attempt, a.LeaseToken, recoveryTS(a.StartedAt), recoveryTSPtr(a.FinishedAt),
+				recoveryStr(a.Outcome), status, recoveryStr(a.StripeRequestID), errText)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -256,20 +256,20 @@ func renderInspect(w io.Writer, ins recovery.Inspection) error {
 	}
 	fmt.Fprintf(w, "recovery actions (%d)\n", len(ins.Actions))
 	if len(ins.Actions) > 0 {
-		return renderActionTable(w, ins.Actions, "  ")
+		return renderRecoveryActionTable(w, ins.Actions, "  ")
 	}
 	return nil
 }
 
-func renderActions(w io.Writer, acts []recovery.Action) error {
+func renderRecoveryActions(w io.Writer, acts []recovery.Action) error {
 	if len(acts) == 0 {
 		_, err := fmt.Fprintln(w, "no recovery actions")
 		return err
 	}
-	return renderActionTable(w, acts, "")
+	return renderRecoveryActionTable(w, acts, "")
 }
 
-func renderActionTable(w io.Writer, acts []recovery.Action, indent string) error {
+func renderRecoveryActionTable(w io.Writer, acts []recovery.Action, indent string) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, indent+"ID\tAT\tACTOR\tACTION\tRESULT\tREASON\tEVIDENCE")
 	for _, a := range acts {
@@ -277,14 +277,14 @@ func renderActionTable(w io.Writer, acts []recovery.Action, indent string) error
 		if a.Refusal != nil {
 			result = "refused: " + string(*a.Refusal)
 		}
-		fmt.Fprintf(tw, "%s%d\t%s\t%s\t%s\t%s\t%s\t%s\n", indent, a.ID, ts(a.CreatedAt), a.Actor, a.Action, result,
-			oneLine(a.Reason), oneLine(a.Evidence))
+		fmt.Fprintf(tw, "%s%d\t%s\t%s\t%s\t%s\t%s\t%s\n", indent, a.ID, recoveryTS(a.CreatedAt), a.Actor, a.Action, result,
+			recoveryOneLine(a.Reason), recoveryOneLine(a.Evidence))
 	}
 	return tw.Flush()
 }
 
-// oneLine keeps a table row on one line.
-func oneLine(s string) string {
+// recoveryOneLine keeps a table row on one line.
+func recoveryOneLine(s string) string {
 	s = strings.Join(strings.Fields(s), " ")
 	if s == "" {
 		return "-"
@@ -292,7 +292,7 @@ func oneLine(s string) string {
 	return strconv.Quote(s)
 }
 
-func renderChange(tw *tabwriter.Writer, c recovery.Change) {
+func renderRecoveryChange(tw *tabwriter.Writer, c recovery.Change) {
 	fmt.Fprintf(tw, "  state\t%s -> %s\n", c.From, c.To)
 	if c.ProviderRef != nil {
 		fmt.Fprintf(tw, "  provider_ref\t-> %s\n", *c.ProviderRef)
@@ -304,7 +304,7 @@ func renderChange(tw *tabwriter.Writer, c recovery.Change) {
 		fmt.Fprintf(tw, "  dispatch\t-> %d (the relay publishes it again; next_attempt_at -> now)\n", *c.Dispatch)
 	}
 	if w := c.Window; w != nil {
-		fmt.Fprintf(tw, "  usage window\t%s %s %s: staged link to item %d cleared\n", w.Tenant, w.Feature, ts(w.PeriodStart), w.ClearStagedItemID)
+		fmt.Fprintf(tw, "  usage window\t%s %s %s: staged link to item %d cleared\n", w.Tenant, w.Feature, recoveryTS(w.PeriodStart), w.ClearStagedItemID)
 		if w.AcknowledgedToTo != w.AcknowledgedToFrom {
 			fmt.Fprintf(tw, "  acknowledged_to\t%d -> %d (the next window starts there: new work, a new identity)\n", w.AcknowledgedToFrom, w.AcknowledgedToTo)
 		}
@@ -328,19 +328,19 @@ func renderChange(tw *tabwriter.Writer, c recovery.Change) {
 	}
 }
 
-func renderDryRun(w io.Writer, kind recovery.Kind, p recovery.Preview, actor, reason, evidence, cmdline string) error {
+func renderRecoveryDryRun(w io.Writer, kind recovery.Kind, p recovery.Preview, actor, reason, evidence, cmdline string) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "DRY RUN: nothing was written. %s item %d\n", kind, p.Item.ID)
 	fmt.Fprintf(tw, "row\n")
-	renderItem(tw, p.Item)
+	renderRecoveryItem(tw, p.Item)
 	fmt.Fprintf(tw, "change it would make\n")
-	renderChange(tw, p.Change)
+	renderRecoveryChange(tw, p.Change)
 	fmt.Fprintf(tw, "expected state it would send\n")
-	renderExpected(tw, p.Expected)
+	renderRecoveryExpected(tw, p.Expected)
 	fmt.Fprintf(tw, "recorded as\n")
 	fmt.Fprintf(tw, "  actor\t%s\n", actor)
-	fmt.Fprintf(tw, "  reason\t%s\n", oneLine(reason))
-	fmt.Fprintf(tw, "  evidence\t%s\n", oneLine(evidence))
+	fmt.Fprintf(tw, "  reason\t%s\n", recoveryOneLine(reason))
+	fmt.Fprintf(tw, "  evidence\t%s\n", recoveryOneLine(evidence))
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -351,10 +351,10 @@ func renderDryRun(w io.Writer, kind recovery.Kind, p recovery.Preview, actor, re
 	return err
 }
 
-func renderApplied(w io.Writer, res recovery.Result) error {
+func renderRecoveryApplied(w io.Writer, res recovery.Result) error {
 	fmt.Fprintf(w, "applied: %s item %d: %s -> %s (recorded as action #%d by %s)\n",
 		res.Action.Action, res.Item.ID, res.Change.From, res.Change.To, res.Action.ID, res.Action.Actor)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	renderChange(tw, *res.Change)
+	renderRecoveryChange(tw, *res.Change)
 	return tw.Flush()
 }
