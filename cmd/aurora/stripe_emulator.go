@@ -138,7 +138,7 @@ duplicate applications and overlaps as JSON (no customer ids, no payloads).`,
 					c.Addr, c.faults.String(), c.Seed, len(c.keys), len(splitList(c.Customers)), len(splitList(c.Meters)), c.AllowConcurrent)
 				return nil
 			}
-			return runStripeEmulator(cmd.Context(), c)
+			return runStripeEmulator(cmd.Context(), c, nil)
 		},
 	}
 	fl := cmd.Flags()
@@ -153,7 +153,9 @@ duplicate applications and overlaps as JSON (no customer ids, no payloads).`,
 }
 
 // runStripeEmulator serves until ctx ends, then shuts down gracefully.
-func runStripeEmulator(ctx context.Context, c emulatorConfig) error {
+// ready, when not nil, is called with the emulator and the bound address
+// once it accepts connections.
+func runStripeEmulator(ctx context.Context, c emulatorConfig, ready func(*stripeemulator.Emulator, net.Addr)) error {
 	emu, err := stripeemulator.New(stripeemulator.Config{Keys: c.keys, Faults: c.faults, Seed: c.Seed, AllowConcurrent: c.AllowConcurrent})
 	if err != nil {
 		return fmt.Errorf("%w: %w", config.ErrInvalid, err)
@@ -180,6 +182,9 @@ func runStripeEmulator(ctx context.Context, c emulatorConfig) error {
 		"customers", len(splitList(c.Customers)), "meters", len(splitList(c.Meters)))
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	if ready != nil {
+		ready(emu, ln.Addr())
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("stripe-emulator: serve: %w", err)
