@@ -529,3 +529,124 @@ func TestStatsEndpointAndRequestLog(t *testing.T) {
 		}
 	}
 }
+
+func TestAsyncValidation(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stripeemulator.Config{AsyncValidation: true})
+	// Stripe's way: 200 now, not applied, an error report later.
+	ev, err := e.sc.BillingMeterEvents.New(event("a-1", "cus_nobody", "1", epoch))
+	if err != nil || ev.Identifier != "a-1" {
+		t.Fatalf("want 200 for an unknown customer with AsyncValidation, got %v", err)
+	}
+	p := event("a-2", custA, "1", epoch)
+	p.EventName = stripe.String("no_such_meter")
+	if _, err := e.sc.BillingMeterEvents.New(p); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.sc.BillingMeterEvents.New(event("a-3", custA, "1", epoch.Add(-36*24*time.Hour))); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.emu.Applied()); n != 0 {
+		t.Fatalf("rejected events were applied: %d", n)
+	}
+	reps := e.emu.ErrorReports()
+	want := []string{stripeemulator.CodeCustomerNotFound, stripeemulator.CodeNoMeter, stripeemulator.CodeTimestampTooFarInPast}
+	if len(reps) != len(want) {
+		t.Fatalf("reports %+v", reps)
+	}
+	for i, r := range reps {
+		if r.Code != want[i] || !r.ReceivedAt.Equal(epoch) {
+			t.Fatalf("report %d: %+v, want code %s", i, r, want[i])
+		}
+	}
+	if c := e.emu.Counts(); c[stripeemulator.OutcomeErrorReported] != 3 {
+		t.Fatalf("counts %v", c)
+	}
+	// The 200 is saved under the key: a same-key resend replays it and
+	// still applies nothing (why reconciliation must catch these).
+	if _, err := e.sc.BillingMeterEvents.New(event("a-1", "cus_nobody", "1", epoch)); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.emu.Applied()); n != 0 {
+		t.Fatalf("a replay applied: %d", n)
+	}
+	// Valid events are applied as usual.
+	if _, err := e.sc.BillingMeterEvents.New(event("a-4", custA, "1", epoch)); err != nil || len(e.emu.Applied()) != 1 {
+		t.Fatalf("valid event: %v", err)
+	}
+}
+
+func TestControlEndpoints(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stripeemulator.Config{})
+	post := func(path string, form url.Values) (int, string) {
+		t.Helper()
+		res, err := http.PostForm(e.srv.URL+path, form)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	if s, b := post("/_emulator/customers", url.Values{"id": {"cus_fixed"}}); s != 200 {
+		t.Fatalf("customers: %d %s", s, b)
+	}
+	if !e.emu.HasCustomer("cus_fixed") {
+		t.Fatal("customer not provisioned")
+	}
+	if s, b := post("/_emulator/script", url.Values{"identifier": {"c-1"}, "answers": {"500,ok"}}); s != 200 {
+		t.Fatalf("script: %d %s", s, b)
+	}
+	_, err := e.sc.BillingMeterEvents.New(event("c-1", "cus_fixed", "1", epoch))
+	if stripeErr(t, err).HTTPStatusCode != 500 {
+		t.Fatal("want the scripted 500")
+	}
+	if _, err := e.sc.BillingMeterEvents.New(event("c-1", "cus_fixed", "1", epoch)); err != nil {
+		t.Fatal(err)
+	}
+	if s, b := post("/_emulator/forget-idempotency-keys", nil); s != 200 {
+		t.Fatalf("forget: %d %s", s, b)
+	}
+	_, err = e.sc.BillingMeterEvents.New(event("c-1", "cus_fixed", "1", epoch))
+	if se := stripeErr(t, err); !strings.HasPrefix(se.Msg, stripeemulator.DuplicateIdentifierMessagePrefix) {
+		t.Fatalf("want duplicate after forgetting keys, got %q", se.Msg)
+	}
+	if s, b := post("/_emulator/faults", url.Values{"faults": {"http429=1"}}); s != 200 {
+		t.Fatalf("faults: %d %s", s, b)
+	}
+	if st := e.emu.Stats(); st.Faults != "http429=1" {
+		t.Fatalf("faults not set: %+v", st)
+	}
+	for _, bad := range []struct {
+		path string
+		form url.Values
+	}{
+		{"/_emulator/faults", url.Values{"faults": {"http500=7"}}},
+		{"/_emulator/script", url.Values{"identifier": {"x"}, "answers": {"418"}}},
+		{"/_emulator/script", url.Values{"answers": {"500"}}},
+		{"/_emulator/customers", url.Values{}},
+	} {
+		if s, b := post(bad.path, bad.form); s != 400 || !strings.Contains(b, `"invalid_request_error"`) {
+			t.Fatalf("%s %v: want 400, got %d %s", bad.path, bad.form, s, b)
+		}
+	}
+	res, err := http.Get(e.srv.URL + "/_emulator/applied")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	var applied struct {
+		Data []struct {
+			Identifier string  `json:"identifier"`
+			Value      float64 `json:"value"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(b, &applied); err != nil || len(applied.Data) != 1 || applied.Data[0].Identifier != "c-1" {
+		t.Fatalf("applied: %s %v", b, err)
+	}
+	if strings.Contains(string(b), "cus_fixed") {
+		t.Fatalf("a customer id leaked: %s", b)
+	}
+}

@@ -79,6 +79,12 @@ type Config struct {
 	// TimeoutHold: the longest a "timeout" answer holds a request. Defaults
 	// to TimeoutHoldDefault (90 s).
 	TimeoutHold time.Duration
+	// AsyncValidation answers configuration causes (no_meter,
+	// archived_meter, meter_event_customer_not_found, …, timestamp window)
+	// as Stripe does: 200 now, the event not applied, and an ErrorReport
+	// (what Stripe sends as v1.billing.meter.error_report_triggered).
+	// Defaults to false: a synchronous 400 with the same code.
+	AsyncValidation bool
 	// AllowConcurrent turns off live mode's one-concurrent-call-per-
 	// (customer, meter) rule. Defaults to false (enforced).
 	AllowConcurrent bool
@@ -147,6 +153,7 @@ type Emulator struct {
 	lastIndex    map[string]int // identifier → index of its latest application
 	duplicates   []string       // identifiers applied more than once, in order of the 2nd application
 	byPair       map[pairKey][]int
+	reports      []ErrorReport
 
 	idem      map[string]*idemEntry
 	idemQueue []idemQueued
@@ -223,7 +230,7 @@ func New(cfg Config) (*Emulator, error) {
 	mux.HandleFunc("GET /v1/billing/meters/{id}/event_summaries", e.authed(routeSummaryList, e.handleSummaryList))
 	mux.HandleFunc("POST /v1/billing/meter_events", e.authed(routeMeterEventCreate, e.handleMeterEventCreate))
 	mux.HandleFunc("POST /v1/billing/meter_event_adjustments", e.authed(routeAdjustmentCreate, e.handleAdjustmentCreate))
-	mux.HandleFunc("GET /_emulator/stats", e.handleStats)
+	e.registerControl(mux)
 	mux.HandleFunc("/", e.authed(routeUnknown, e.handleUnknown))
 	e.mux = mux
 	return e, nil

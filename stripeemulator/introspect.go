@@ -22,6 +22,9 @@ const (
 	OutcomeDuplicate Outcome = "duplicate"
 	// OutcomeInvalid: any other 4xx (validation, configuration cause, 404).
 	OutcomeInvalid Outcome = "invalid"
+	// OutcomeErrorReported: 200 answered but not applied; an ErrorReport
+	// was recorded (Config.AsyncValidation).
+	OutcomeErrorReported Outcome = "error_reported"
 	// OutcomeUnauthorized: 401, missing or unknown API key.
 	OutcomeUnauthorized Outcome = "unauthorized"
 	// OutcomeForbidden: 403, key without permission.
@@ -55,6 +58,23 @@ type AppliedEvent struct {
 	ReceivedAt  time.Time // the emulator clock when applied
 	Cancelled   bool      // cancelled by a meter event adjustment
 	CancelledAt time.Time // zero unless Cancelled
+}
+
+// ErrorReport is a meter event answered 200 but rejected asynchronously
+// (Config.AsyncValidation), as Stripe reports in
+// v1.billing.meter.error_report_triggered. No customer id is kept.
+type ErrorReport struct {
+	Identifier string
+	EventName  string
+	Code       string // CodeNoMeter, CodeCustomerNotFound, …
+	ReceivedAt time.Time
+}
+
+// ErrorReports returns the asynchronous rejections, oldest first.
+func (e *Emulator) ErrorReports() []ErrorReport {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.reports)
 }
 
 // RequestRecord is one request as the emulator saw it. It carries no

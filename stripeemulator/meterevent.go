@@ -184,41 +184,58 @@ func (e *Emulator) applyMeterEvent(c *call, eventName, identifier string, payloa
 		ae.ShouldRetry = "false"
 		return executed{reply: errReply(ae, OutcomeDuplicate)}
 	}
-	m := e.meterForEvent(eventName)
-	if m == nil {
-		return executed{reply: errReply(invalidRequest(CodeNoMeter, "event_name", "No active meter was found for event_name %s.", eventName), OutcomeInvalid)}
-	}
-	if !m.Active {
-		return executed{reply: errReply(invalidRequest(CodeArchivedMeter, "event_name", "The meter for event_name %s is inactive.", eventName), OutcomeInvalid)}
-	}
-	cust := payload[m.CustomerKey]
-	if cust == "" {
-		return executed{reply: errReply(invalidRequest(CodeNoCustomerDefined, "payload", "The payload has no customer under the meter's customer key payload[%s].", m.CustomerKey), OutcomeInvalid)}
-	}
-	if _, ok := e.customers[cust]; !ok {
-		return executed{reply: errReply(invalidRequest(CodeCustomerNotFound, "payload", "No such customer: '%s'", cust), OutcomeInvalid)}
-	}
-	raw, ok := payload[m.ValueKey]
-	if !ok {
-		return executed{reply: errReply(invalidRequest(CodeValueNotFound, "payload", "The payload has no value under the meter's value key payload[%s].", m.ValueKey), OutcomeInvalid)}
-	}
-	value, err := strconv.ParseFloat(raw, 64)
-	if !decimal.MatchString(raw) || err != nil {
-		return executed{reply: errReply(invalidRequest(CodeInvalidValue, "payload", "The value under payload[%s] must be a decimal number.", m.ValueKey), OutcomeInvalid)}
-	}
 	if !hasTS {
 		ts = now.Unix()
 	}
+	ok200 := func() reply {
+		return jsonReply(http.StatusOK, meterEventJSON{Object: "billing.meter_event", Created: now.Unix(),
+			EventName: eventName, Identifier: identifier, Livemode: c.livemode, Payload: payload, Timestamp: ts}, OutcomeApplied)
+	}
+	// reject answers a configuration cause: 400 now, or, with
+	// AsyncValidation, 200 now and an error report (as Stripe does).
+	reject := func(code, param, format string, args ...any) executed {
+		ae := invalidRequest(code, param, format, args...)
+		if !e.cfg.AsyncValidation {
+			return executed{reply: errReply(ae, OutcomeInvalid)}
+		}
+		e.reports = append(e.reports, ErrorReport{Identifier: identifier, EventName: eventName, Code: code, ReceivedAt: now})
+		rp := ok200()
+		rp.outcome = OutcomeErrorReported
+		return executed{reply: rp, save: true}
+	}
+	m := e.meterForEvent(eventName)
+	if m == nil {
+		return reject(CodeNoMeter, "event_name", "No active meter was found for event_name %s.", eventName)
+	}
+	if !m.Active {
+		return reject(CodeArchivedMeter, "event_name", "The meter for event_name %s is inactive.", eventName)
+	}
+	cust := payload[m.CustomerKey]
+	if cust == "" {
+		return reject(CodeNoCustomerDefined, "payload", "The payload has no customer under the meter's customer key payload[%s].", m.CustomerKey)
+	}
+	if _, ok := e.customers[cust]; !ok {
+		return reject(CodeCustomerNotFound, "payload", "No such customer: '%s'", cust)
+	}
+	raw, ok := payload[m.ValueKey]
+	if !ok {
+		return reject(CodeValueNotFound, "payload", "The payload has no value under the meter's value key payload[%s].", m.ValueKey)
+	}
+	value, err := strconv.ParseFloat(raw, 64)
+	if !decimal.MatchString(raw) || err != nil {
+		return reject(CodeInvalidValue, "payload", "The value under payload[%s] must be a decimal number.", m.ValueKey)
+	}
 	at := time.Unix(ts, 0).UTC()
 	if at.Before(now.Add(-e.cfg.MaxPast)) {
-		return executed{reply: errReply(invalidRequest(CodeTimestampTooFarInPast, "timestamp", "Timestamp must be within the past %d days.", int(e.cfg.MaxPast/(24*time.Hour))), OutcomeInvalid)}
+		return reject(CodeTimestampTooFarInPast, "timestamp", "Timestamp must be within the past %d days.", int(e.cfg.MaxPast/(24*time.Hour)))
 	}
 	if at.After(now.Add(e.cfg.MaxFuture)) {
-		return executed{reply: errReply(invalidRequest(CodeTimestampInFuture, "timestamp", "Timestamp must not be more than %s in the future.", e.cfg.MaxFuture), OutcomeInvalid)}
+		return reject(CodeTimestampInFuture, "timestamp", "Timestamp must not be more than %s in the future.", e.cfg.MaxFuture)
 	}
+	cust = e.customers[cust].ID // share the stored string
 
 	idx := len(e.events)
-	e.events = append(e.events, AppliedEvent{Identifier: identifier, EventName: eventName, MeterID: m.ID,
+	e.events = append(e.events, AppliedEvent{Identifier: identifier, EventName: m.EventName, MeterID: m.ID,
 		Customer: cust, Value: value, Timestamp: at, ReceivedAt: now})
 	e.live[identifier] = idx
 	e.liveQueue = append(e.liveQueue, liveEntry{identifier: identifier, index: idx, at: now})
@@ -230,8 +247,7 @@ func (e *Emulator) applyMeterEvent(c *call, eventName, identifier string, payloa
 	pk := pairKey{m.ID, cust}
 	e.byPair[pk] = append(e.byPair[pk], idx)
 
-	return executed{reply: jsonReply(http.StatusOK, meterEventJSON{Object: "billing.meter_event", Created: now.Unix(),
-		EventName: eventName, Identifier: identifier, Livemode: c.livemode, Payload: payload, Timestamp: ts}, OutcomeApplied), save: true}
+	return executed{reply: ok200(), save: true}
 }
 
 // pruneLiveLocked ends the dedupe window of identifiers received at least
