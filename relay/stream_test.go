@@ -1,0 +1,92 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/aurora-billing/aurora/shared/config"
+	"github.com/aurora-billing/aurora/shared/natstest"
+	"github.com/aurora-billing/aurora/shared/outbox"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func TestEnsureStreamCreatesThenUpdatesIdempotently(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t, natstest.New(t))
+	ctx := context.Background()
+	for i := 0; i < 2; i++ {
+		s, err := EnsureStream(ctx, js, DefaultStreamConfig())
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		c := s.CachedInfo().Config
+		if c.Name != outbox.StreamName || c.Retention != jetstream.WorkQueuePolicy || c.Storage != jetstream.FileStorage ||
+			c.Replicas != 1 || c.Duplicates != 2*time.Minute || len(c.Subjects) != 1 || c.Subjects[0] != "aurora.outbox.>" {
+			t.Fatalf("call %d: stream config %+v", i, c)
+		}
+	}
+	s, err := EnsureStream(ctx, js, StreamConfig{Replicas: 1, DuplicateWindowSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := s.CachedInfo().Config.Duplicates; d != 10*time.Minute {
+		t.Fatalf("duplicate window %s after update, want 10m", d)
+	}
+}
+
+func TestEnsureStreamRefusals(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t, natstest.New(t))
+	ctx := context.Background()
+	if _, err := EnsureStream(ctx, js, StreamConfig{Replicas: 0, DuplicateWindowSeconds: 120}); !errors.Is(err, config.ErrInvalid) {
+		t.Fatalf("replicas 0: err %v, want config.ErrInvalid", err)
+	}
+	// An operator made the stream with memory storage: JetStream refuses to
+	// change storage, so the relay refuses to start rather than guess.
+	cfg := StreamConfigFor(DefaultStreamConfig())
+	cfg.Storage = jetstream.MemoryStorage
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := EnsureStream(ctx, js, DefaultStreamConfig()); !errors.Is(err, ErrStreamConfig) {
+		t.Fatalf("err %v, want ErrStreamConfig", err)
+	}
+	pool := newPool(t)
+	r, err := New(pool, js, testConfig(), WithLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := r.Run(rctx); !errors.Is(err, ErrStreamConfig) {
+		t.Fatalf("Run: %v, want ErrStreamConfig", err)
+	}
+}
+
+// An operator deletes the stream under a running relay: publishes find no
+// stream, the relay ensures it again and publishes what is due.
+func TestDeletedStreamIsRecreated(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	_, js := connect(t, natstest.New(t))
+	ctx := context.Background()
+	start(t, pool, js, testConfig())
+	stage(t, pool, item("org_d", 1))
+	eventually(t, "first row published", func() (bool, error) {
+		n, err := publishedCount(ctx, pool)
+		return n == 1, err
+	})
+	if err := js.DeleteStream(ctx, outbox.StreamName); err != nil {
+		t.Fatal(err)
+	}
+	stage(t, pool, items("org_d", 2, 5)...)
+	eventually(t, "rows published into the recreated stream", func() (bool, error) {
+		n, err := publishedCount(ctx, pool)
+		return n == 6, err
+	})
+	if n, err := streamCount(js); err != nil || n != 5 {
+		t.Fatalf("recreated stream holds %d (err %v), want 5", n, err)
+	}
+}
