@@ -51,7 +51,7 @@ func testConfig() Config {
 	c := DefaultConfig()
 	c.PollMS = 20
 	c.RedispatchScanMS = 20
-	c.PublishTimeoutMS = 2000
+	c.PublishTimeoutMS = 10000 // generous: a loaded 2-core machine must not turn slow PubAcks into republishes
 	return c
 }
 
@@ -112,7 +112,7 @@ func connect(t testing.TB, srv *natstest.Server) (*nats.Conn, jetstream.JetStrea
 		t.Fatalf("nats: %v", err)
 	}
 	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(10000), jetstream.WithPublishAsyncTimeout(2*time.Second))
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(10000), jetstream.WithPublishAsyncTimeout(10*time.Second))
 	if err != nil {
 		t.Fatalf("jetstream: %v", err)
 	}
