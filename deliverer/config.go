@@ -1,0 +1,141 @@
+package deliverer
+
+import (
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/aurora-billing/aurora/shared/config"
+	"github.com/aurora-billing/aurora/shared/outbox"
+)
+
+// Defaults of the deliverer's own knobs.
+const (
+	ConcurrencyDefault            = 128
+	ConsumerDefault               = "aurora-deliverer"
+	AckWaitSecondsDefault         = 30
+	ProviderTimeoutSecondsDefault = 30
+	BusyDelayMillisDefault        = 200
+	ShutdownSecondsDefault        = 30
+)
+
+// DefaultFilterSubject is the consumer filter of the default pool: every
+// tenant of the Stripe meter events exporter.
+func DefaultFilterSubject() string {
+	return outbox.SubjectPrefix + "." + outbox.TenantToken(outbox.DefaultExporter) + ".>"
+}
+
+// Config is the deliverer's configuration, loaded from AURORA_* variables
+// with config.Load. Seed 000's knobs come from config.Outbox.
+type Config struct {
+	config.Outbox
+	// Concurrency: provider calls in flight in this process, and messages
+	// pulled ahead. AURORA_DELIVERER_CONCURRENCY, default 128, 1..4096.
+	Concurrency int `env:"DELIVERER_CONCURRENCY" envDefault:"128"`
+	// Consumer: durable JetStream consumer name shared by every replica of a
+	// pool. AURORA_DELIVERER_CONSUMER, default "aurora-deliverer".
+	Consumer string `env:"DELIVERER_CONSUMER" envDefault:"aurora-deliverer"`
+	// FilterSubject: the consumer's filter, e.g. aurora.outbox.stripe_meter_events.org_123
+	// for a tenant pool. AURORA_DELIVERER_FILTER_SUBJECT, default every
+	// tenant of stripe_meter_events. Must start with "aurora.outbox.".
+	FilterSubject string `env:"DELIVERER_FILTER_SUBJECT"`
+	// AckWaitSeconds: JetStream redelivers a message whose handler went
+	// silent this long; a handler heartbeats (InProgress) every third of it.
+	// AURORA_DELIVERER_ACK_WAIT_SECONDS, default 30, 5..3600.
+	AckWaitSeconds int `env:"DELIVERER_ACK_WAIT_SECONDS" envDefault:"30"`
+	// ProviderTimeoutSeconds: deadline of one provider call (also the HTTP
+	// client's timeout). Must be shorter than the lease so a live worker
+	// records its outcome before its lease expires.
+	// AURORA_STRIPE_TIMEOUT_SECONDS, default 30, 1..lease−1.
+	ProviderTimeoutSeconds int `env:"STRIPE_TIMEOUT_SECONDS" envDefault:"30"`
+	// BusyDelayMillis: NakWithDelay when the row is locked by another
+	// transaction or the (account, customer, meter) slot is busy; jittered
+	// ±50 %. AURORA_DELIVERER_BUSY_DELAY_MS, default 200, 10..60000.
+	BusyDelayMillis int `env:"DELIVERER_BUSY_DELAY_MS" envDefault:"200"`
+	// ShutdownSeconds: on SIGTERM, how long in-flight calls may finish and
+	// record their outcome before they are cancelled (a cancelled call is a
+	// retry with the same key). AURORA_DELIVERER_SHUTDOWN_SECONDS, default
+	// 30, 1..600.
+	ShutdownSeconds int `env:"DELIVERER_SHUTDOWN_SECONDS" envDefault:"30"`
+}
+
+// DefaultConfig returns the defaults, as config.Load would with an empty
+// environment.
+func DefaultConfig() Config {
+	return Config{
+		Outbox: config.Outbox{
+			LeaseSeconds: 120, MaxAttempts: 20, BatchSize: 100,
+			BackoffBaseSeconds: 5, BackoffCapSeconds: 900, UncertaintyHorizonSeconds: 82800,
+		},
+		Concurrency:            ConcurrencyDefault,
+		Consumer:               ConsumerDefault,
+		FilterSubject:          DefaultFilterSubject(),
+		AckWaitSeconds:         AckWaitSecondsDefault,
+		ProviderTimeoutSeconds: ProviderTimeoutSecondsDefault,
+		BusyDelayMillis:        BusyDelayMillisDefault,
+		ShutdownSeconds:        ShutdownSecondsDefault,
+	}
+}
+
+// Validate checks every knob and names the variable and its range (each
+// error is a *config.RangeError wrapping config.ErrInvalid). An empty
+// FilterSubject is replaced by DefaultFilterSubject.
+func (c *Config) Validate() error {
+	if c.FilterSubject == "" {
+		c.FilterSubject = DefaultFilterSubject()
+	}
+	var consumer, filter error
+	if strings.TrimSpace(c.Consumer) == "" || strings.ContainsAny(c.Consumer, " .*>\t") {
+		consumer = &config.RangeError{Var: config.Prefix + "DELIVERER_CONSUMER", Value: c.Consumer, Allowed: "a non-empty name without spaces, '.', '*' or '>'"}
+	}
+	if !strings.HasPrefix(c.FilterSubject, outbox.SubjectPrefix+".") || strings.ContainsAny(c.FilterSubject, " \t") {
+		filter = &config.RangeError{Var: config.Prefix + "DELIVERER_FILTER_SUBJECT", Value: c.FilterSubject, Allowed: "a subject starting with " + outbox.SubjectPrefix + "."}
+	}
+	return errors.Join(
+		c.Outbox.Validate(),
+		config.IntRange("DELIVERER_CONCURRENCY", c.Concurrency, 1, 4096, "calls"),
+		consumer, filter,
+		config.IntRange("DELIVERER_ACK_WAIT_SECONDS", c.AckWaitSeconds, 5, 3600, "seconds"),
+		config.IntRange("STRIPE_TIMEOUT_SECONDS", c.ProviderTimeoutSeconds, 1, max(1, c.LeaseSeconds-1), "seconds, below AURORA_OUTBOX_LEASE_SECONDS"),
+		config.IntRange("DELIVERER_BUSY_DELAY_MS", c.BusyDelayMillis, 10, 60000, "milliseconds"),
+		config.IntRange("DELIVERER_SHUTDOWN_SECONDS", c.ShutdownSeconds, 1, 600, "seconds"),
+	)
+}
+
+// settings are the durations the deliverer runs with: the validated Config,
+// optionally overridden by Options (tests use sub-second values the
+// environment cannot express).
+type settings struct {
+	lease           time.Duration
+	maxAttempts     int
+	backoffBase     time.Duration
+	backoffCap      time.Duration
+	horizon         time.Duration
+	concurrency     int
+	consumer        string
+	filterSubject   string
+	ackWait         time.Duration
+	heartbeat       time.Duration
+	providerTimeout time.Duration
+	busyDelay       time.Duration
+	shutdown        time.Duration
+}
+
+func (c Config) settings() settings {
+	sec := func(n int) time.Duration { return time.Duration(n) * time.Second }
+	return settings{
+		lease:           sec(c.LeaseSeconds),
+		maxAttempts:     c.MaxAttempts,
+		backoffBase:     sec(c.BackoffBaseSeconds),
+		backoffCap:      sec(c.BackoffCapSeconds),
+		horizon:         sec(c.UncertaintyHorizonSeconds),
+		concurrency:     c.Concurrency,
+		consumer:        c.Consumer,
+		filterSubject:   c.FilterSubject,
+		ackWait:         sec(c.AckWaitSeconds),
+		heartbeat:       sec(c.AckWaitSeconds) / 3,
+		providerTimeout: sec(c.ProviderTimeoutSeconds),
+		busyDelay:       time.Duration(c.BusyDelayMillis) * time.Millisecond,
+		shutdown:        sec(c.ShutdownSeconds),
+	}
+}

@@ -1,0 +1,462 @@
+package deliverer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/aurora-billing/aurora/shared/clock"
+	"github.com/aurora-billing/aurora/shared/outbox"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ErrInvalidOption is wrapped by every Option that refuses its argument.
+var ErrInvalidOption = errors.New("deliverer: invalid option")
+
+// Option adjusts a Deliverer. Options validate themselves and return an
+// error wrapping ErrInvalidOption.
+type Option func(*Deliverer) error
+
+// WithClock sets the clock whose Override is passed to SQL as "now"
+// (default clock.DB{}: the database's now()). Tests pass a *clock.Manual.
+func WithClock(c clock.Clock) Option {
+	return func(d *Deliverer) error { d.clock = clock.Or(c); return nil }
+}
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(d *Deliverer) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidOption)
+		}
+		d.log = l
+		return nil
+	}
+}
+
+// WithRegisterer registers the deliverer's metrics on reg (default: a fresh
+// private registry, i.e. metrics not exported).
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(d *Deliverer) error {
+		if reg == nil {
+			return fmt.Errorf("%w: nil registerer", ErrInvalidOption)
+		}
+		d.reg = reg
+		return nil
+	}
+}
+
+// WithAckWait overrides AckWait (and the InProgress heartbeat, a third of
+// it) with a duration the environment cannot express, e.g. 600 ms in tests.
+func WithAckWait(ackWait time.Duration) Option {
+	return func(d *Deliverer) error {
+		if ackWait < 100*time.Millisecond {
+			return fmt.Errorf("%w: ack wait %s < 100ms", ErrInvalidOption, ackWait)
+		}
+		d.s.ackWait, d.s.heartbeat = ackWait, ackWait/3
+		return nil
+	}
+}
+
+// WithLease overrides the lease (default AURORA_OUTBOX_LEASE_SECONDS). With a
+// clock.Manual the lease is measured on the manual clock.
+func WithLease(lease time.Duration) Option {
+	return func(d *Deliverer) error {
+		if lease <= 0 {
+			return fmt.Errorf("%w: lease %s", ErrInvalidOption, lease)
+		}
+		d.s.lease = lease
+		return nil
+	}
+}
+
+// WithBusyDelay overrides the NakWithDelay used when a row is locked or a
+// delivery slot is busy.
+func WithBusyDelay(delay time.Duration) Option {
+	return func(d *Deliverer) error {
+		if delay <= 0 {
+			return fmt.Errorf("%w: busy delay %s", ErrInvalidOption, delay)
+		}
+		d.s.busyDelay = delay
+		return nil
+	}
+}
+
+// WithProviderTimeout overrides the deadline of one provider call.
+func WithProviderTimeout(timeout time.Duration) Option {
+	return func(d *Deliverer) error {
+		if timeout <= 0 {
+			return fmt.Errorf("%w: provider timeout %s", ErrInvalidOption, timeout)
+		}
+		d.s.providerTimeout = timeout
+		return nil
+	}
+}
+
+// WithJitter sets the source of backoff jitter: a function returning a
+// uniform float64 in [0, 1) (default math/rand/v2). Tests pass a constant.
+func WithJitter(rnd func() float64) Option {
+	return func(d *Deliverer) error {
+		if rnd == nil {
+			return fmt.Errorf("%w: nil jitter source", ErrInvalidOption)
+		}
+		d.rnd = rnd
+		return nil
+	}
+}
+
+// Deliverer consumes AURORA_OUTBOX and delivers items through an Exporter.
+// It keeps no state of its own: any number of replicas share a durable
+// consumer. Safe for one Run at a time.
+type Deliverer struct {
+	db  DB
+	js  jetstream.JetStream
+	exp Exporter
+	s   settings
+	log *slog.Logger
+	reg prometheus.Registerer
+	m   *metrics
+	rnd func() float64
+
+	clock clock.Clock
+
+	mu       sync.Mutex
+	stopping bool
+	wg       sync.WaitGroup
+}
+
+// New returns a Deliverer over db (a *pgxpool.Pool), js and exp with the
+// validated cfg. Errors: cfg.Validate's *config.RangeError (config.ErrInvalid),
+// an Option's ErrInvalidOption, or a metrics registration error.
+func New(db DB, js jetstream.JetStream, exp Exporter, cfg Config, opts ...Option) (*Deliverer, error) {
+	if db == nil || js == nil || exp == nil {
+		return nil, fmt.Errorf("%w: db, js and exporter are required", ErrInvalidOption)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	d := &Deliverer{db: db, js: js, exp: exp, s: cfg.settings(), log: slog.Default(), clock: clock.DB{}, rnd: rand.Float64}
+	for _, o := range opts {
+		if err := o(d); err != nil {
+			return nil, err
+		}
+	}
+	if d.reg == nil {
+		d.reg = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(d.reg)
+	if err != nil {
+		return nil, fmt.Errorf("deliverer: metrics: %w", err)
+	}
+	d.m = m
+	return d, nil
+}
+
+// ConsumerConfig is the durable pull consumer the deliverer creates or
+// updates on AURORA_OUTBOX: explicit acks, AckWait from the configuration,
+// unlimited deliveries (Postgres decides what is due; a message is only "try
+// now"), MaxAckPending large enough for delayed messages.
+func (d *Deliverer) ConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       d.s.consumer,
+		FilterSubject: d.s.filterSubject,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       d.s.ackWait,
+		MaxDeliver:    -1,
+		MaxAckPending: max(1000, 8*d.s.concurrency),
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+}
+
+// Run consumes until ctx ends, then shuts down gracefully: it stops pulling,
+// lets in-flight calls finish and record their outcomes for up to the
+// shutdown timeout, then cancels what remains (a cancelled call is recorded
+// as a retry with the same key). While the stream does not exist yet Run
+// waits for it (the relay creates it). Returns nil after a graceful stop, or
+// the JetStream error that prevented consuming.
+func (d *Deliverer) Run(ctx context.Context) error {
+	cons, err := d.consumer(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	sem := make(chan struct{}, d.s.concurrency)
+	d.mu.Lock()
+	d.stopping = false
+	d.mu.Unlock()
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			d.m.skips.WithLabelValues("shutdown").Inc()
+			_ = msg.Nak()
+			return
+		}
+		if !d.enter() {
+			<-sem
+			d.m.skips.WithLabelValues("shutdown").Inc()
+			_ = msg.Nak()
+			return
+		}
+		go func() {
+			defer d.wg.Done()
+			defer func() { <-sem }()
+			d.handle(work, msg)
+		}()
+	},
+		jetstream.PullMaxMessages(d.s.concurrency),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			d.log.Warn("deliverer: consume", "err", err)
+		}))
+	if err != nil {
+		return fmt.Errorf("deliverer: consume: %w", err)
+	}
+	d.log.Info("deliverer: consuming", "consumer", d.s.consumer, "filter", d.s.filterSubject, "concurrency", d.s.concurrency)
+	<-ctx.Done()
+	d.mu.Lock()
+	d.stopping = true
+	d.mu.Unlock()
+	cc.Stop()
+	done := make(chan struct{})
+	go func() { d.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d.s.shutdown):
+		d.log.Warn("deliverer: shutdown timeout; cancelling in-flight calls", "timeout", d.s.shutdown)
+		cancelWork()
+		<-done
+	}
+	d.log.Info("deliverer: stopped")
+	return nil
+}
+
+func (d *Deliverer) enter() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stopping {
+		return false
+	}
+	d.wg.Add(1)
+	return true
+}
+
+// consumer creates or updates the durable consumer, waiting for the stream.
+func (d *Deliverer) consumer(ctx context.Context) (jetstream.Consumer, error) {
+	wait := 100 * time.Millisecond
+	for {
+		cons, err := d.js.CreateOrUpdateConsumer(ctx, outbox.StreamName, d.ConsumerConfig())
+		if err == nil {
+			return cons, nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, fmt.Errorf("deliverer: consumer %s: %w", d.s.consumer, err)
+		}
+		d.log.Info("deliverer: waiting for stream", "stream", outbox.StreamName)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// busy returns the busy delay jittered by ±50 %.
+func (d *Deliverer) busy() time.Duration {
+	return d.s.busyDelay/2 + time.Duration(d.rnd()*float64(d.s.busyDelay))
+}
+
+// handle processes one message: claim → checks → call → record → ack.
+func (d *Deliverer) handle(ctx context.Context, msg jetstream.Msg) {
+	m, err := outbox.DecodeMessage(msg.Data())
+	if err != nil {
+		d.m.skips.WithLabelValues("bad_message").Inc()
+		d.log.Error("deliverer: bad message terminated", "subject", msg.Subject(), "err", err)
+		_ = msg.Term()
+		return
+	}
+	stopBeat := d.heartbeat(msg)
+	defer stopBeat()
+
+	cr, err := claimItem(ctx, d.db, claimParams{
+		Now: d.clock.Override(), ItemID: m.ItemID, Dispatch: m.Dispatch,
+		Exporter: d.exp.Name(), Key: m.Key, Lease: d.s.lease,
+	})
+	if err != nil {
+		d.m.errors.WithLabelValues("claim").Inc()
+		d.log.Error("deliverer: claim failed; message delayed", "item", m.ItemID, "err", err)
+		_ = msg.NakWithDelay(d.busy())
+		return
+	}
+	switch cr.Verdict {
+	case verdictClaimed:
+		d.attempt(ctx, msg, cr)
+		return
+	case verdictNotFound, verdictMismatch:
+		d.m.skips.WithLabelValues(cr.Verdict.String()).Inc()
+		d.log.Error("deliverer: message names no matching item; terminated", "item", m.ItemID, "key_prefix", keyPrefix(m.Key), "why", cr.Verdict.String())
+		_ = msg.Term()
+	case verdictTerminal, verdictStaleDispatch:
+		d.m.skips.WithLabelValues(cr.Verdict.String()).Inc()
+		_ = msg.Ack()
+	case verdictNotDue:
+		d.m.skips.WithLabelValues(cr.Verdict.String()).Inc()
+		_ = msg.NakWithDelay(max(cr.NextAttemptAt.Sub(cr.Now), d.s.busyDelay))
+	case verdictLeasedLive:
+		// Someone holds a live lease. Come back when it would expire: if the
+		// holder died, this message claims it then (self-healing even before
+		// the relay re-dispatches); if it finished, the row is terminal or
+		// of a new dispatch and this message is acked.
+		d.m.skips.WithLabelValues(cr.Verdict.String()).Inc()
+		wait := d.s.busyDelay
+		if cr.LeaseExpiresAt != nil {
+			wait += cr.LeaseExpiresAt.Sub(cr.Now)
+		}
+		_ = msg.NakWithDelay(wait)
+	case verdictLocked, verdictSlotBusy:
+		d.m.skips.WithLabelValues(cr.Verdict.String()).Inc()
+		_ = msg.NakWithDelay(d.busy())
+	default:
+		panic(fmt.Sprintf("deliverer: unhandled verdict %v", cr.Verdict))
+	}
+}
+
+// heartbeat sends InProgress every third of AckWait until stopped, so
+// JetStream does not redeliver the message while a long call runs.
+func (d *Deliverer) heartbeat(msg jetstream.Msg) (stop func()) {
+	done := make(chan struct{})
+	var once sync.Once
+	go func() {
+		t := time.NewTicker(d.s.heartbeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if err := msg.InProgress(); err != nil {
+					d.m.errors.WithLabelValues("in_progress").Inc()
+				}
+			}
+		}
+	}()
+	return func() { once.Do(func() { close(done) }) }
+}
+
+// attempt runs the pre-send checks, the call and the fenced outcome write
+// for a claimed item, then acknowledges the message.
+func (d *Deliverer) attempt(ctx context.Context, msg jetstream.Msg, cr claimResult) {
+	c := cr.Item
+	rec := record{Item: c}
+	switch {
+	case cr.Now.Sub(c.FirstAttemptAt) > d.s.horizon:
+		rec.Outcome = OutcomeUncertain
+		rec.LastError = fmt.Sprintf("horizon_exceeded: first attempt %s, now %s, horizon %s; not sent",
+			c.FirstAttemptAt.UTC().Format(time.RFC3339), cr.Now.UTC().Format(time.RFC3339), d.s.horizon)
+	case int(c.Attempts) > d.s.maxAttempts:
+		rec.Outcome = OutcomeUncertain
+		rec.LastError = fmt.Sprintf("attempts_exhausted: attempt %d > max %d; not sent", c.Attempts, d.s.maxAttempts)
+	default:
+		if f := preSend(c.Item, c.Ctx, d.exp.Mode(), cr.Now); f != nil {
+			rec.Outcome, rec.Reason, rec.LastError = OutcomeQuarantined, f.Reason, string(f.Reason)+": "+f.Detail
+			break
+		}
+		rec.Result = d.call(ctx, c)
+		rec.Outcome = rec.Result.Outcome
+		rec.Reason = rec.Result.Reason
+		if rec.Outcome != OutcomeAccepted {
+			rec.LastError = fmt.Sprintf("%s: http %d %s", rec.Result.Rule, rec.Result.HTTPStatus, rec.Result.ErrorCode)
+		}
+		if rec.Outcome == OutcomeRetry {
+			if int(c.Attempts) >= d.s.maxAttempts {
+				rec.Outcome = OutcomeUncertain
+				rec.LastError = fmt.Sprintf("attempts_exhausted after %d attempts; last %s", c.Attempts, rec.LastError)
+			} else {
+				rec.RetryDelay = Backoff(int(c.Attempts), d.s.backoffBase, d.s.backoffCap, d.rnd)
+			}
+		}
+	}
+	rec.Now = d.clock.Override()
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	err := recordOutcome(wctx, d.db, rec)
+	switch {
+	case err == nil:
+		d.m.outcomes.WithLabelValues(string(rec.Outcome), string(rec.Reason)).Inc()
+		d.log.Info("deliverer: outcome", "item", c.ItemID, "key_prefix", keyPrefix(c.Key), "attempt", c.Attempts,
+			"lease_token", c.LeaseToken, "outcome", string(rec.Outcome), "reason", string(rec.Reason),
+			"rule", rec.Result.Rule, "http_status", rec.Result.HTTPStatus)
+		_ = msg.Ack()
+	case isStale(err):
+		d.m.staleLeases.Inc()
+		d.m.outcomes.WithLabelValues(string(OutcomeStaleLease), "").Inc()
+		d.log.Warn("deliverer: stale lease; outcome not written", "item", c.ItemID, "key_prefix", keyPrefix(c.Key),
+			"lease_token", c.LeaseToken, "would_be", string(rec.Outcome))
+		_ = msg.Ack() // the current holder's message carries the item now
+	default:
+		// Postgres did not take the outcome: the row stays leased to us
+		// until the lease expires, then is reclaimed and resent with the
+		// same key (Stripe collapses it). Come back then.
+		d.m.errors.WithLabelValues("record").Inc()
+		d.log.Error("deliverer: record outcome failed; item will be reclaimed after its lease", "item", c.ItemID, "err", err)
+		_ = msg.NakWithDelay(max(c.LeaseExpiresAt.Sub(cr.Now), d.s.busyDelay) + d.s.busyDelay)
+	}
+}
+
+// call sends one request with the provider deadline and records metrics.
+func (d *Deliverer) call(ctx context.Context, c claimed) Result {
+	req := Request{
+		ItemID: c.ItemID, Key: c.Key, EventName: *c.Ctx.EventName,
+		CustomerKey: deref(c.Ctx.CustomerKey, "stripe_customer_id"), ValueKey: deref(c.Ctx.ValueKey, "value"),
+		Customer: *c.Ctx.StripeCustomer, Value: c.Item.Quantity, Timestamp: c.Item.OccurredAt,
+	}
+	cctx, cancel := context.WithTimeout(ctx, d.s.providerTimeout)
+	defer cancel()
+	d.m.inFlight.Inc()
+	start := time.Now()
+	res := sanitize(d.exp.Export(cctx, req))
+	d.m.latency.WithLabelValues(string(res.Outcome)).Observe(time.Since(start).Seconds())
+	d.m.inFlight.Dec()
+	return res
+}
+
+// sanitize turns a result no table row could produce (an exporter bug) into
+// uncertain: nobody knows what happened, and nothing automatic moves it.
+func sanitize(r Result) Result {
+	switch r.Outcome {
+	case OutcomeAccepted, OutcomeRetry, OutcomeUncertain, OutcomeRejected:
+		return r
+	case OutcomeQuarantined:
+		if r.Reason.Valid() {
+			return r
+		}
+	case OutcomeStaleLease:
+	}
+	r.Rule = "invalid_result(" + string(r.Outcome) + "/" + string(r.Reason) + ")"
+	r.Outcome, r.Reason = OutcomeUncertain, ""
+	return r
+}
+
+func deref(p *string, def string) string {
+	if p == nil || *p == "" {
+		return def
+	}
+	return *p
+}
+
+// keyPrefix is the part of an idempotency key safe and sufficient for logs.
+func keyPrefix(key string) string {
+	if len(key) > 12 {
+		return key[:12]
+	}
+	return key
+}

@@ -1,0 +1,93 @@
+package deliverer
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/aurora-billing/aurora/shared/identity"
+	"github.com/aurora-billing/aurora/shared/outbox"
+)
+
+// Outcome is what a provider answer means for an item. The values are the
+// outcome column of outbox_attempts (migrations/sql/00001).
+type Outcome string
+
+const (
+	// OutcomeAccepted: the provider took it (or already had it) → accepted.
+	OutcomeAccepted Outcome = "accepted"
+	// OutcomeRetry: retryable failure → pending with backoff, same key; or
+	// uncertain once attempts reach the maximum.
+	OutcomeRetry Outcome = "retry"
+	// OutcomeUncertain: nobody knows whether it landed → uncertain.
+	OutcomeUncertain Outcome = "uncertain"
+	// OutcomeRejected: the provider refused it → rejected (terminal).
+	OutcomeRejected Outcome = "rejected"
+	// OutcomeQuarantined: it cannot be sent as it stands → quarantined with
+	// a reason.
+	OutcomeQuarantined Outcome = "quarantined"
+	// OutcomeStaleLease: the outcome write found another lease token; the
+	// attempt row records it, the item is untouched (outbox.ErrStaleLease).
+	OutcomeStaleLease Outcome = "stale_lease"
+)
+
+// Outcomes lists every outcome (metrics labels, docs).
+var Outcomes = []Outcome{OutcomeAccepted, OutcomeRetry, OutcomeUncertain, OutcomeRejected, OutcomeQuarantined, OutcomeStaleLease}
+
+// nextState maps an outcome to the state the item moves to.
+func (o Outcome) nextState() outbox.State {
+	switch o {
+	case OutcomeAccepted:
+		return outbox.StateAccepted
+	case OutcomeRetry:
+		return outbox.StatePending
+	case OutcomeUncertain:
+		return outbox.StateUncertain
+	case OutcomeRejected:
+		return outbox.StateRejected
+	case OutcomeQuarantined:
+		return outbox.StateQuarantined
+	case OutcomeStaleLease:
+		return outbox.StateLeased // never written: a stale write changes nothing
+	default:
+		panic(fmt.Sprintf("deliverer: unknown outcome %q", string(o)))
+	}
+}
+
+// Request is one meter event to send. Every field is a pure function of the
+// outbox row and its meter mapping, so every attempt sends the same bytes.
+type Request struct {
+	ItemID      int64     // outbox_items.id, for logs only
+	Key         string    // idempotency key: Idempotency-Key and the event identifier
+	EventName   string    // meter_mappings.event_name
+	CustomerKey string    // payload key of the customer, meter_mappings.customer_key
+	ValueKey    string    // payload key of the value, meter_mappings.value_key
+	Customer    string    // tenant_billing.stripe_customer; never logged
+	Value       int64     // outbox_items.quantity (≥ 0; negative ones are quarantined before)
+	Timestamp   time.Time // outbox_items.occurred_at, sent as Unix seconds
+}
+
+// Result is a provider answer, classified by the exporter's table.
+type Result struct {
+	Outcome     Outcome       // never OutcomeStaleLease
+	Reason      outbox.Reason // set when Outcome is OutcomeQuarantined
+	Rule        string        // name of the classification row that matched, e.g. "http_5xx"
+	HTTPStatus  int           // 0 when no HTTP answer arrived
+	RequestID   string        // Stripe's Request-Id header, when any
+	ErrorCode   string        // Stripe error code, or a transport kind ("timeout", "connection")
+	Message     string        // provider message, for outbox_attempts (never logged)
+	ProviderRef string        // set when accepted: Stripe request id, else the identifier
+}
+
+// Exporter sends one item to a provider and classifies the answer. It must
+// not retry by itself (the deliverer's policy owns retries) and must honour
+// ctx's deadline.
+type Exporter interface {
+	// Name is the outbox exporter this client serves (outbox_items.exporter).
+	Name() string
+	// Mode is the mode of its credentials (test for sk_test_/rk_test_ keys).
+	Mode() identity.Mode
+	// Export sends r and returns the classified answer; it never panics on a
+	// provider answer and never returns an unclassified result.
+	Export(ctx context.Context, r Request) Result
+}

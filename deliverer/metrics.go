@@ -1,0 +1,51 @@
+package deliverer
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics of one Deliverer, registered on the registry passed to New.
+type metrics struct {
+	outcomes    *prometheus.CounterVec   // aurora_deliverer_outcomes_total{outcome, reason}
+	skips       *prometheus.CounterVec   // aurora_deliverer_messages_skipped_total{why}
+	staleLeases prometheus.Counter       // aurora_deliverer_stale_leases_total
+	latency     *prometheus.HistogramVec // aurora_deliverer_provider_seconds{outcome}
+	inFlight    prometheus.Gauge         // aurora_deliverer_inflight_calls
+	errors      *prometheus.CounterVec   // aurora_deliverer_errors_total{op}
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aurora_deliverer_outcomes_total",
+			Help: "Outcomes recorded by the deliverer, by outcome and quarantine reason (\"\" unless quarantined).",
+		}, []string{"outcome", "reason"}),
+		skips: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aurora_deliverer_messages_skipped_total",
+			Help: "Messages acknowledged or delayed without an attempt, by why (terminal, not_due, leased_live, locked, slot_busy, stale_dispatch, not_found, mismatch, bad_message, shutdown).",
+		}, []string{"why"}),
+		staleLeases: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aurora_deliverer_stale_leases_total",
+			Help: "Outcome writes refused because the item was reclaimed (lease_token moved): outbox.ErrStaleLease.",
+		}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "aurora_deliverer_provider_seconds",
+			Help:    "Duration of provider calls in seconds, by classified outcome.",
+			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"outcome"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "aurora_deliverer_inflight_calls",
+			Help: "Provider calls in flight in this process.",
+		}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aurora_deliverer_errors_total",
+			Help: "Infrastructure errors (Postgres, JetStream acks) by operation; the message is delayed and retried.",
+		}, []string{"op"}),
+	}
+	for _, c := range []prometheus.Collector{m.outcomes, m.skips, m.staleLeases, m.latency, m.inFlight, m.errors} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
