@@ -51,8 +51,9 @@ func (e *Emulator) handleAdjustmentCreate(c *call) reply {
 	return e.idempotent(c, func() executed {
 		e.mu.Lock()
 		defer e.mu.Unlock()
-		idx, ok := e.lastIndex[identifier]
-		if !ok {
+		st := e.ids[identifier]
+		idx := st.last
+		if st.applications == 0 {
 			return executed{reply: errReply(invalidRequest(CodeResourceMissing, "cancel[identifier]", "No meter event found with identifier %s.", identifier), OutcomeInvalid)}
 		}
 		ev := &e.events[idx]

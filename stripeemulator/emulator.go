@@ -32,7 +32,7 @@ const (
 	// the client does not give up first; above stripe-go's 80 s default.
 	TimeoutHoldDefault = 90 * time.Second
 	// RequestLogLimitDefault: request records kept by Requests().
-	RequestLogLimitDefault = 100_000
+	RequestLogLimitDefault = 10_000
 	// DefaultAPIVersion is answered in Stripe-Version when the request has
 	// none (stripe-go v76's pinned version).
 	DefaultAPIVersion = "2023-10-16"
@@ -146,14 +146,11 @@ type Emulator struct {
 	meterList []string // ids, creation order
 	byEvent   map[string]*meter
 
-	events       []AppliedEvent
-	live         map[string]int // identifier → index in events, while in the dedupe window
-	liveQueue    []liveEntry    // FIFO by receipt, for pruning live
-	applications map[string]int // identifier → times applied (never pruned: the oracle)
-	lastIndex    map[string]int // identifier → index of its latest application
-	duplicates   []string       // identifiers applied more than once, in order of the 2nd application
-	byPair       map[pairKey][]int
-	reports      []ErrorReport
+	events     []AppliedEvent
+	ids        map[string]idState // per identifier; never pruned (the oracle), bounded per identifier
+	duplicates []string           // identifiers applied more than once, in order of the 2nd application
+	byPair     map[pairKey][]int
+	reports    []ErrorReport
 
 	idem      map[string]*idemEntry
 	idemQueue []idemQueued
@@ -162,8 +159,7 @@ type Emulator struct {
 	overlaps     int
 	overlapsPair map[pairKey]int
 
-	attempts map[string]int
-	scripts  map[string][]Answer
+	scripts map[string][]Answer
 
 	counts          map[Outcome]int
 	requests        []RequestRecord
@@ -173,10 +169,11 @@ type Emulator struct {
 
 type pairKey struct{ meter, customer string }
 
-type liveEntry struct {
-	identifier string
-	index      int
-	at         time.Time
+// idState is what the emulator keeps per meter event identifier.
+type idState struct {
+	applications int // times applied
+	last         int // index in events of the latest application; valid when applications > 0
+	attempts     int // meter event requests seen (drives fault draws)
 }
 
 type idemEntry struct {
@@ -207,14 +204,11 @@ func New(cfg Config) (*Emulator, error) {
 		customers:    map[string]*customer{},
 		meters:       map[string]*meter{},
 		byEvent:      map[string]*meter{},
-		live:         map[string]int{},
-		applications: map[string]int{},
-		lastIndex:    map[string]int{},
+		ids:          map[string]idState{},
 		byPair:       map[pairKey][]int{},
 		idem:         map[string]*idemEntry{},
 		inflight:     map[pairKey]int{},
 		overlapsPair: map[pairKey]int{},
-		attempts:     map[string]int{},
 		scripts:      map[string][]Answer{},
 		counts:       map[Outcome]int{},
 	}

@@ -147,7 +147,7 @@ func (e *Emulator) DuplicateApplications() []string {
 func (e *Emulator) Applications(identifier string) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.applications[identifier]
+	return e.ids[identifier].applications
 }
 
 // Overlaps returns how many meter event requests arrived while another for

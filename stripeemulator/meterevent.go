@@ -74,8 +74,10 @@ func (e *Emulator) handleMeterEventCreate(c *call) reply {
 			holding = true
 		}
 	}
-	n := e.attempts[identifier]
-	e.attempts[identifier] = n + 1
+	st := e.ids[identifier]
+	n := st.attempts
+	st.attempts++
+	e.ids[identifier] = st
 	var answer Answer
 	if q := e.scripts[identifier]; len(q) > 0 {
 		answer = q[0]
@@ -178,8 +180,10 @@ func (e *Emulator) applyMeterEvent(c *call, eventName, identifier string, payloa
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.cfg.Now()
-	e.pruneLiveLocked(now)
-	if _, dup := e.live[identifier]; dup {
+	st := e.ids[identifier]
+	// The identifier is taken while its latest application is younger
+	// than the dedupe window.
+	if st.applications > 0 && now.Sub(e.events[st.last].ReceivedAt) < e.cfg.DedupeWindow {
 		ae := invalidRequest("", "identifier", "%s %s for the event %s. Identifiers must be unique for a rolling 24 hour period.", DuplicateIdentifierMessagePrefix, identifier, eventName)
 		ae.ShouldRetry = "false"
 		return executed{reply: errReply(ae, OutcomeDuplicate)}
@@ -237,31 +241,14 @@ func (e *Emulator) applyMeterEvent(c *call, eventName, identifier string, payloa
 	idx := len(e.events)
 	e.events = append(e.events, AppliedEvent{Identifier: identifier, EventName: m.EventName, MeterID: m.ID,
 		Customer: cust, Value: value, Timestamp: at, ReceivedAt: now})
-	e.live[identifier] = idx
-	e.liveQueue = append(e.liveQueue, liveEntry{identifier: identifier, index: idx, at: now})
-	e.applications[identifier]++
-	e.lastIndex[identifier] = idx
-	if e.applications[identifier] == 2 {
+	st.applications++
+	st.last = idx
+	e.ids[identifier] = st
+	if st.applications == 2 {
 		e.duplicates = append(e.duplicates, identifier)
 	}
 	pk := pairKey{m.ID, cust}
 	e.byPair[pk] = append(e.byPair[pk], idx)
 
 	return executed{reply: ok200(), save: true}
-}
-
-// pruneLiveLocked ends the dedupe window of identifiers received at least
-// DedupeWindow ago.
-func (e *Emulator) pruneLiveLocked(now time.Time) {
-	cut := now.Add(-e.cfg.DedupeWindow)
-	i := 0
-	for ; i < len(e.liveQueue) && !e.liveQueue[i].at.After(cut); i++ {
-		q := e.liveQueue[i]
-		if e.live[q.identifier] == q.index {
-			delete(e.live, q.identifier)
-		}
-	}
-	if i > 0 {
-		e.liveQueue = e.liveQueue[i:]
-	}
 }
