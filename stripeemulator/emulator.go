@@ -428,6 +428,26 @@ func (e *Emulator) abort(c *call, outcome Outcome) {
 	panic(http.ErrAbortHandler)
 }
 
+// cut sends rp's status line, headers and the first half of its body, then
+// closes the connection: a response every client sees as broken.
+func (e *Emulator) cut(c *call, rp reply) {
+	c.done = true
+	e.record(c, 0, OutcomeDropped)
+	hj, ok := c.w.(http.Hijacker)
+	if !ok {
+		panic(http.ErrAbortHandler)
+	}
+	conn, buf, err := hj.Hijack()
+	if err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	defer conn.Close()
+	fmt.Fprintf(buf, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nRequest-Id: %s\r\n\r\n",
+		rp.status, http.StatusText(rp.status), len(rp.body), c.requestID)
+	_, _ = buf.Write(rp.body[:len(rp.body)/2])
+	_ = buf.Flush() // the peer may be gone; the connection closes either way
+}
+
 func (e *Emulator) handleUnknown(c *call) reply {
 	return errReply(notFound("", "Unrecognized request URL (%s: %s). Please see https://stripe.com/docs or we can help at https://support.stripe.com/.", c.r.Method, c.r.URL.Path), OutcomeInvalid)
 }

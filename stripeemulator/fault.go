@@ -42,6 +42,11 @@ type Faults struct {
 	// the idempotent result), then closes the connection without writing a
 	// byte of the response.
 	DropAfterApply float64
+	// CutAfterApply processes the request fully, then sends the status line,
+	// the headers and half of the body, and closes the connection. Unlike
+	// DropAfterApply, no HTTP client retries this by itself: the caller
+	// always sees a transport error (see docs, "Go's HTTP client").
+	CutAfterApply float64
 	// Timeout holds the request without processing it until the client
 	// gives up (or Config.TimeoutHold passes), then closes the connection.
 	Timeout float64
@@ -54,6 +59,7 @@ const (
 	faultHTTP500        = "http500"
 	faultHTTP500Saved   = "http500-saved"
 	faultDropAfterApply = "drop-after-apply"
+	faultCutAfterApply  = "cut-after-apply"
 	faultTimeout        = "timeout"
 )
 
@@ -63,7 +69,8 @@ const (
 //	drop-after-apply=0.1,http500=0.1,http429=0.1,latency=20ms
 //
 // Names: latency (a Go duration "20ms", or a range "10ms-50ms"), http429,
-// http500, http500-saved, drop-after-apply, timeout (rates in 0..1). The
+// http500, http500-saved, drop-after-apply, cut-after-apply, timeout (rates
+// in 0..1). The
 // empty string is no faults. Any bad item is a *FaultSpecError (wrapping
 // ErrInvalidFaults) naming it: unknown name, missing "=", repeated name,
 // rate outside 0..1 or not a number, negative or inverted latency, rates
@@ -103,10 +110,12 @@ func ParseFaults(spec string) (Faults, error) {
 			dst = &f.HTTP500Saved
 		case faultDropAfterApply:
 			dst = &f.DropAfterApply
+		case faultCutAfterApply:
+			dst = &f.CutAfterApply
 		case faultTimeout:
 			dst = &f.Timeout
 		default:
-			return Faults{}, &FaultSpecError{Item: item, Reason: "unknown fault; want one of latency, http429, http500, http500-saved, drop-after-apply, timeout"}
+			return Faults{}, &FaultSpecError{Item: item, Reason: "unknown fault; want one of latency, http429, http500, http500-saved, drop-after-apply, cut-after-apply, timeout"}
 		}
 		r, err := strconv.ParseFloat(value, 64)
 		if err != nil || math.IsNaN(r) || r < 0 || r > 1 {
@@ -147,7 +156,7 @@ func (f Faults) Validate() error {
 		v    float64
 	}{
 		{faultHTTP429, f.HTTP429}, {faultHTTP500, f.HTTP500}, {faultHTTP500Saved, f.HTTP500Saved},
-		{faultDropAfterApply, f.DropAfterApply}, {faultTimeout, f.Timeout},
+		{faultDropAfterApply, f.DropAfterApply}, {faultCutAfterApply, f.CutAfterApply}, {faultTimeout, f.Timeout},
 	}
 	sum := 0.0
 	for _, r := range rates {
@@ -180,7 +189,7 @@ func (f Faults) String() string {
 		v    float64
 	}{
 		{faultHTTP429, f.HTTP429}, {faultHTTP500, f.HTTP500}, {faultHTTP500Saved, f.HTTP500Saved},
-		{faultDropAfterApply, f.DropAfterApply}, {faultTimeout, f.Timeout},
+		{faultDropAfterApply, f.DropAfterApply}, {faultCutAfterApply, f.CutAfterApply}, {faultTimeout, f.Timeout},
 	} {
 		if r.v != 0 {
 			parts = append(parts, r.name+"="+strconv.FormatFloat(r.v, 'g', -1, 64))
@@ -216,6 +225,9 @@ const (
 	// AnswerDropAfterApply processes fully, then closes the connection
 	// without a response.
 	AnswerDropAfterApply AnswerKind = "drop-after-apply"
+	// AnswerCutAfterApply processes fully, then sends the headers and half
+	// the body and closes the connection.
+	AnswerCutAfterApply AnswerKind = "cut-after-apply"
 	// AnswerTimeout holds the request unprocessed until the client gives up
 	// (or Config.TimeoutHold), then closes the connection.
 	AnswerTimeout AnswerKind = "timeout"
@@ -238,7 +250,7 @@ func (a Answer) String() string {
 // ParseAnswer parses one scripted answer: "ok" (or "200"), "429", "500",
 // "500-saved", "409", "400:<code>" (e.g. "400:no_meter"; bare "400" uses
 // parameter_invalid_string), "401", "403", "drop", "drop-after-apply",
-// "timeout". Anything else is an *AnswerError wrapping ErrInvalidAnswer.
+// "cut-after-apply", "timeout". Anything else is an *AnswerError wrapping ErrInvalidAnswer.
 func ParseAnswer(s string) (Answer, error) {
 	s = strings.TrimSpace(s)
 	if code, ok := strings.CutPrefix(s, "400:"); ok {
@@ -251,12 +263,12 @@ func ParseAnswer(s string) (Answer, error) {
 	case "200":
 		return Answer{Kind: AnswerNormal}, nil
 	case AnswerNormal, AnswerHTTP429, AnswerHTTP500, AnswerHTTP500Saved, AnswerHTTP409,
-		AnswerHTTP401, AnswerHTTP403, AnswerDrop, AnswerDropAfterApply, AnswerTimeout:
+		AnswerHTTP401, AnswerHTTP403, AnswerDrop, AnswerDropAfterApply, AnswerCutAfterApply, AnswerTimeout:
 		return Answer{Kind: k}, nil
 	case AnswerHTTP400:
 		return Answer{Kind: AnswerHTTP400, Code: CodeParameterInvalid}, nil
 	}
-	return Answer{}, &AnswerError{Answer: s, Reason: "want ok, 200, 400:<code>, 401, 403, 409, 429, 500, 500-saved, drop, drop-after-apply or timeout"}
+	return Answer{}, &AnswerError{Answer: s, Reason: "want ok, 200, 400:<code>, 401, 403, 409, 429, 500, 500-saved, drop, drop-after-apply, cut-after-apply or timeout"}
 }
 
 // ParseAnswers parses a comma-separated queue of answers, e.g.
@@ -295,7 +307,7 @@ func (f Faults) decide(seed uint64, key string, n int) Answer {
 		k AnswerKind
 	}{
 		{f.HTTP429, AnswerHTTP429}, {f.HTTP500, AnswerHTTP500}, {f.HTTP500Saved, AnswerHTTP500Saved},
-		{f.DropAfterApply, AnswerDropAfterApply}, {f.Timeout, AnswerTimeout},
+		{f.DropAfterApply, AnswerDropAfterApply}, {f.CutAfterApply, AnswerCutAfterApply}, {f.Timeout, AnswerTimeout},
 	} {
 		if u < c.p {
 			return Answer{Kind: c.k}

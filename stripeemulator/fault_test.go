@@ -22,8 +22,8 @@ func TestParseFaults(t *testing.T) {
 		{spec: "", want: stripeemulator.Faults{}},
 		{spec: "drop-after-apply=0.1,http500=0.1,http429=0.1,latency=20ms",
 			want: stripeemulator.Faults{DropAfterApply: 0.1, HTTP500: 0.1, HTTP429: 0.1, Latency: 20 * time.Millisecond, LatencyMax: 20 * time.Millisecond}},
-		{spec: " latency=10ms-50ms , timeout=0.2, http500-saved=0.3 ",
-			want: stripeemulator.Faults{Latency: 10 * time.Millisecond, LatencyMax: 50 * time.Millisecond, Timeout: 0.2, HTTP500Saved: 0.3}},
+		{spec: " latency=10ms-50ms , timeout=0.2, http500-saved=0.3, cut-after-apply=0.1 ",
+			want: stripeemulator.Faults{Latency: 10 * time.Millisecond, LatencyMax: 50 * time.Millisecond, Timeout: 0.2, HTTP500Saved: 0.3, CutAfterApply: 0.1}},
 		{spec: "http500=1", want: stripeemulator.Faults{HTTP500: 1}},
 		{spec: "http500=2", bad: true, wantErr: "http500=2"},
 		{spec: "http500=-0.1", bad: true, wantErr: "http500=-0.1"},
@@ -87,6 +87,7 @@ func TestParseAnswer(t *testing.T) {
 		{in: "drop", want: stripeemulator.Answer{Kind: stripeemulator.AnswerDrop}},
 		{in: "drop-after-apply", want: stripeemulator.Answer{Kind: stripeemulator.AnswerDropAfterApply}},
 		{in: "timeout", want: stripeemulator.Answer{Kind: stripeemulator.AnswerTimeout}},
+		{in: "cut-after-apply", want: stripeemulator.Answer{Kind: stripeemulator.AnswerCutAfterApply}},
 		{in: "400:no_meter", want: stripeemulator.Answer{Kind: stripeemulator.AnswerHTTP400, Code: "no_meter"}},
 		{in: "400", want: stripeemulator.Answer{Kind: stripeemulator.AnswerHTTP400, Code: stripeemulator.CodeParameterInvalid}},
 		{in: "400:", err: true},
@@ -149,6 +150,10 @@ func TestScriptedAnswers(t *testing.T) {
 			{status: 200, applied: 1, outcome: stripeemulator.OutcomeApplied},
 		}},
 		{name: "drop-after-apply then replay", script: "drop-after-apply", wants: []want{
+			{status: 0, applied: 1, outcome: stripeemulator.OutcomeDropped},
+			{status: 200, applied: 1, outcome: stripeemulator.OutcomeReplayed},
+		}},
+		{name: "cut-after-apply then replay", script: "cut-after-apply", wants: []want{
 			{status: 0, applied: 1, outcome: stripeemulator.OutcomeDropped},
 			{status: 200, applied: 1, outcome: stripeemulator.OutcomeReplayed},
 		}},
@@ -262,6 +267,33 @@ func TestDropAfterApplyOnReusedConnection(t *testing.T) {
 	}
 	if n := e.emu.Applications("evt-d"); n != 1 {
 		t.Fatalf("want 1 application, got %d", n)
+	}
+}
+
+// TestCutAfterApplyOnReusedConnection: unlike a drop, a response cut after
+// its headers is not retried by the transport; the caller sees the error
+// even on a warm keep-alive connection, and its own retry gets the replay.
+func TestCutAfterApplyOnReusedConnection(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stripeemulator.Config{})
+	if _, err := e.sc.BillingMeterEvents.New(event("warm-up", custB, "1", epoch)); err != nil {
+		t.Fatal(err)
+	}
+	e.emu.Script("evt-c", stripeemulator.Answer{Kind: stripeemulator.AnswerCutAfterApply})
+	_, err := e.sc.BillingMeterEvents.New(event("evt-c", custA, "1", epoch))
+	var se *stripe.Error
+	if err == nil || errors.As(err, &se) {
+		t.Fatalf("want a transport error, got %v", err)
+	}
+	if n := e.emu.Applications("evt-c"); n != 1 {
+		t.Fatalf("want applied once before the cut, got %d", n)
+	}
+	r, err := e.sc.BillingMeterEvents.New(event("evt-c", custA, "1", epoch))
+	if err != nil || r.LastResponse.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("want the replay, got %v", err)
+	}
+	if recs := e.emu.RequestsFor("evt-c"); len(recs) != 2 || recs[0].BodySHA256 != recs[1].BodySHA256 {
+		t.Fatalf("records %+v", recs)
 	}
 }
 

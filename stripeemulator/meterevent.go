@@ -108,7 +108,7 @@ func (e *Emulator) handleMeterEventCreate(c *call) reply {
 	// Stripe, the emulator processes a request it has received. For answers
 	// that reach execution it is spent inside it, while the Idempotency-Key
 	// is marked running.
-	executes := answer.Kind == AnswerNormal || answer.Kind == AnswerHTTP500Saved || answer.Kind == AnswerDropAfterApply
+	executes := answer.Kind == AnswerNormal || answer.Kind == AnswerHTTP500Saved || answer.Kind == AnswerDropAfterApply || answer.Kind == AnswerCutAfterApply
 	if latency > 0 && !executes {
 		time.Sleep(latency)
 	}
@@ -143,7 +143,7 @@ func (e *Emulator) handleMeterEventCreate(c *call) reply {
 		release()
 		e.abort(c, OutcomeTimeout)
 		return reply{}
-	case AnswerNormal, AnswerHTTP500Saved, AnswerDropAfterApply:
+	case AnswerNormal, AnswerHTTP500Saved, AnswerDropAfterApply, AnswerCutAfterApply:
 	}
 
 	ran := false
@@ -161,8 +161,12 @@ func (e *Emulator) handleMeterEventCreate(c *call) reply {
 		time.Sleep(latency)
 	}
 	release()
-	if answer.Kind == AnswerDropAfterApply {
+	switch answer.Kind {
+	case AnswerDropAfterApply:
 		e.abort(c, OutcomeDropped)
+		return reply{}
+	case AnswerCutAfterApply:
+		e.cut(c, rp)
 		return reply{}
 	}
 	return rp
