@@ -42,6 +42,7 @@ func run(ctx context.Context, args []string) int {
 	root.AddCommand(
 		newMigrateCmd(),
 		newProbeCmd(),
+		newDemoCmd(),
 		// subcommands: add one line each, below this marker
 		newRelayCmd(),
 		newReporterCmd(),

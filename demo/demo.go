@@ -1,0 +1,510 @@
+// Package demo runs the whole export pipeline on real usage, in one process:
+// a fresh migrated database, an embedded JetStream (unless AURORA_NATS_URL is
+// set), the Stripe emulator (unless a Stripe key and base URL are set), the
+// relay and several deliverers; it provisions meters and customers through
+// the operator's code path (package provision), replays usage input through
+// the cutover gate, waits until nothing is pending or leased, and summarises
+// what was committed against what the provider applied.
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	neturl "net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aurora-billing/aurora/deliverer"
+	"github.com/aurora-billing/aurora/deliverer/stripeexport"
+	"github.com/aurora-billing/aurora/demo/feed"
+	"github.com/aurora-billing/aurora/migrations"
+	"github.com/aurora-billing/aurora/provision"
+	"github.com/aurora-billing/aurora/relay"
+	"github.com/aurora-billing/aurora/shared/config"
+	"github.com/aurora-billing/aurora/shared/natstest"
+	"github.com/aurora-billing/aurora/shared/outbox"
+	"github.com/aurora-billing/aurora/shared/usage"
+	"github.com/aurora-billing/aurora/stripeemulator"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stripe/stripe-go/v76/client"
+)
+
+// Options configure one demo run.
+type Options struct {
+	DatabaseURL  string // server to create the demo database on (AURORA_DATABASE_URL)
+	NATSURL      string // "" = embedded JetStream (AURORA_NATS_URL)
+	StripeKey    string // with StripeBase: send to that Stripe instead of the emulator
+	StripeBase   string
+	Account      string // destination account (AURORA_STRIPE_ACCOUNT)
+	Input        string // access log or JSONL file; "" = the generator
+	RebaseTime   bool   // shift input so the newest timestamp is now
+	Faults       string // emulator faults, e.g. "drop-after-apply=0.1,http500=0.1"
+	Deliverers   int    // deliverer instances (default 3)
+	Timeout      time.Duration
+	KeepDatabase bool
+	Seed         uint64 // generator and emulator seed
+	GenTenants   int
+	GenRequests  int
+	Outbox       config.Outbox
+	Progress     io.Writer // progress lines (nil = none)
+	Logger       *slog.Logger
+}
+
+// Summary is the --json contract (stable; add fields, never rename).
+type Summary struct {
+	Input                         string           `json:"input"`
+	UsageEvents                   int              `json:"usage_events"`
+	MalformedLines                int              `json:"malformed_lines"`
+	FirstMalformed                []feed.Malformed `json:"first_malformed"`
+	Tenants                       int              `json:"tenants"`
+	ItemsStaged                   int              `json:"items_staged"`
+	ItemsByState                  map[string]int   `json:"items_by_state"`
+	QuarantinedByReason           map[string]int   `json:"quarantined_by_reason"`
+	CommittedQuantity             map[string]int64 `json:"committed_quantity"`
+	ProviderAppliedQuantity       map[string]int64 `json:"provider_applied_quantity"`
+	ProviderDuplicateApplications int              `json:"provider_duplicate_applications"`
+	Provider                      string           `json:"provider"`
+	Faults                        string           `json:"faults"`
+	ProviderRequests              map[string]int   `json:"provider_requests"`
+	Database                      string           `json:"database"`
+	Drained                       bool             `json:"drained"`
+	ElapsedSeconds                float64          `json:"elapsed_seconds"`
+	ItemsPerSecond                float64          `json:"items_per_second"`
+}
+
+// ErrNotDrained: items were still pending or leased when the timeout hit.
+var ErrNotDrained = errors.New("demo: not drained before the timeout")
+
+// Features the demo meters.
+var features = []string{feed.FeatureAPICalls, feed.FeatureEgressBytes}
+
+// Run executes the demo. It returns the summary even with ErrNotDrained.
+func Run(ctx context.Context, o Options) (*Summary, error) {
+	if o.Deliverers <= 0 {
+		o.Deliverers = 3
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Minute
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	log := o.Logger
+	sum := &Summary{ItemsByState: map[string]int{}, QuarantinedByReason: map[string]int{}, CommittedQuantity: map[string]int64{},
+		ProviderAppliedQuantity: map[string]int64{}, ProviderRequests: map[string]int{}, FirstMalformed: []feed.Malformed{}}
+	for _, s := range outbox.States {
+		sum.ItemsByState[string(s)] = 0
+	}
+
+	// 1. Input first: a bad file fails before anything is started.
+	res, err := readInput(o)
+	if err != nil {
+		return nil, err
+	}
+	sum.Input = "generator"
+	if o.Input != "" {
+		sum.Input = filepath.Base(o.Input)
+	}
+	if o.RebaseTime {
+		res.Rebase(time.Now().UTC())
+	}
+	sum.UsageEvents, sum.MalformedLines, sum.Tenants = len(res.Events), res.MalformedLines, res.Tenants
+	sum.FirstMalformed = append(sum.FirstMalformed, res.FirstMalformed...)
+
+	// 2. A fresh database.
+	dbURL, dbName, drop, err := freshDatabase(ctx, o.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	sum.Database = dbName
+	if !o.KeepDatabase {
+		defer drop()
+	}
+	if _, err := migrations.Up(ctx, dbURL); err != nil {
+		return nil, err
+	}
+	poolCfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, err
+	}
+	poolCfg.MaxConns = int32(8 + 4*o.Deliverers)
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+
+	// 3. JetStream.
+	natsURL := o.NATSURL
+	if natsURL == "" {
+		dir, err := os.MkdirTemp("", "aurora-demo-nats-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		srv, err := natstest.Start(dir, 0)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
+		natsURL = srv.ClientURL()
+	}
+	nc, err := nats.Connect(natsURL, nats.Name("aurora-demo"), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, fmt.Errorf("demo: nats: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		return nil, err
+	}
+
+	// 4. Stripe: the emulator unless a key and base URL are given.
+	var emu *stripeemulator.Emulator
+	key, base := o.StripeKey, o.StripeBase
+	if key == "" || base == "" {
+		faults, err := stripeemulator.ParseFaults(o.Faults)
+		if err != nil {
+			return nil, err
+		}
+		emu, err = stripeemulator.New(stripeemulator.Config{Faults: faults, Seed: o.Seed})
+		if err != nil {
+			return nil, err
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		hs := &http.Server{Handler: emu, ReadHeaderTimeout: 5 * time.Second}
+		go hs.Serve(ln) //nolint:errcheck // closed below
+		defer hs.Close()
+		key, base = "sk_test_aurora_demo", "http://"+ln.Addr().String()
+		sum.Provider = "emulator"
+		sum.Faults = faults.String()
+	} else {
+		sum.Provider = base
+	}
+
+	// 5. Provision through the operator's code path.
+	api := provision.NewAPI(key, base, nil)
+	mode := stripeexport.KeyMode(key)
+	if err := provision.Account(ctx, pool, o.Account, mode, true); err != nil {
+		return nil, err
+	}
+	eventNames := map[string]string{}
+	for _, f := range features {
+		m, err := provision.Meter(ctx, pool, api, o.Account, f, "aurora_"+f)
+		if err != nil {
+			return nil, err
+		}
+		eventNames[m.EventName] = f
+	}
+	if err := provisionCustomers(ctx, pool, api, o.Account, res.Events); err != nil {
+		return nil, err
+	}
+	log.Info("demo provisioned", "tenants", res.Tenants, "meters", len(features))
+
+	// 6. Relay and deliverers.
+	reg := prometheus.NewRegistry()
+	rcfg := relay.DefaultConfig()
+	rcfg.Outbox = o.Outbox
+	rcfg.PollMS = 200
+	if _, err := relay.EnsureStream(ctx, js, rcfg.Stream); err != nil {
+		return nil, err
+	}
+	rl, err := relay.New(pool, js, rcfg, relay.WithLogger(log), relay.WithRegistry(reg))
+	if err != nil {
+		return nil, err
+	}
+	dcfg := deliverer.DefaultConfig()
+	dcfg.Outbox = o.Outbox
+	exp, err := stripeexport.New(stripeexport.Config{APIKey: key, APIBase: base}, time.Duration(dcfg.ProviderTimeoutSeconds)*time.Second, dcfg.Concurrency)
+	if err != nil {
+		return nil, err
+	}
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	var wg sync.WaitGroup
+	errc := make(chan error, 1+o.Deliverers)
+	start := func(name string, run func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := run(runCtx); err != nil && !errors.Is(err, context.Canceled) {
+				errc <- fmt.Errorf("demo: %s: %w", name, err)
+			}
+		}()
+	}
+	start("relay", rl.Run)
+	for i := range o.Deliverers {
+		d, err := deliverer.New(pool, js, exp, dcfg, deliverer.WithLogger(log), deliverer.WithRegisterer(prometheus.WrapRegistererWith(prometheus.Labels{"instance": fmt.Sprint(i)}, reg)))
+		if err != nil {
+			return nil, err
+		}
+		start(fmt.Sprintf("deliverer %d", i), d.Run)
+	}
+
+	// 7. Replay usage and wait for the pipeline to drain.
+	began := time.Now()
+	gate := usage.Gate{
+		Recorder: usage.Recorder{DestinationAccount: o.Account, Mode: mode, Period: usage.PeriodDay},
+		Sources:  usage.Sources{feed.FeatureAPICalls: usage.SourceEvents, feed.FeatureEgressBytes: usage.SourceEvents},
+	}
+	if err := record(ctx, pool, gate, res.Events); err != nil {
+		return nil, err
+	}
+	drained, err := waitDrained(ctx, pool, o.Timeout, o.Progress, errc)
+	sum.ElapsedSeconds = time.Since(began).Seconds()
+	stopRun()
+	wg.Wait()
+	if err != nil {
+		return nil, err
+	}
+	sum.Drained = drained
+
+	// 8. What was committed, against what the provider applied.
+	if err := summarise(ctx, pool, sum); err != nil {
+		return nil, err
+	}
+	if sum.ElapsedSeconds > 0 {
+		sum.ItemsPerSecond = float64(sum.ItemsStaged) / sum.ElapsedSeconds
+	}
+	if emu != nil {
+		for _, ev := range emu.Applied() {
+			if ev.Cancelled {
+				continue
+			}
+			sum.ProviderAppliedQuantity[eventNames[ev.EventName]] += int64(ev.Value)
+		}
+		sum.ProviderDuplicateApplications = len(emu.DuplicateApplications())
+		for k, v := range emu.Counts() {
+			sum.ProviderRequests[string(k)] = v
+		}
+	}
+	for _, f := range features {
+		sum.CommittedQuantity[f] += 0
+		if emu != nil {
+			sum.ProviderAppliedQuantity[f] += 0
+		}
+	}
+	if !drained {
+		return sum, ErrNotDrained
+	}
+	return sum, nil
+}
+
+func readInput(o Options) (*feed.Result, error) {
+	if o.Input == "" {
+		tenants, requests := o.GenTenants, o.GenRequests
+		if tenants <= 0 {
+			tenants = 50
+		}
+		if requests <= 0 {
+			requests = 2000
+		}
+		return feed.Generate(o.Seed, tenants, requests, time.Now().UTC()), nil
+	}
+	f, err := os.Open(o.Input)
+	if err != nil {
+		return nil, fmt.Errorf("demo: --input: %w", err)
+	}
+	defer f.Close()
+	head := make([]byte, 4096)
+	n, _ := io.ReadFull(f, head)
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
+	}
+	return feed.Read(f, feed.Detect(head[:n]), strings.TrimSuffix(filepath.Base(o.Input), filepath.Ext(o.Input)))
+}
+
+// freshDatabase creates aurora_demo_<time> on the server of serverURL and
+// returns its URL and a function that drops it.
+func freshDatabase(ctx context.Context, serverURL string) (string, string, func(), error) {
+	cfg, err := pgx.ParseConfig(serverURL)
+	if err != nil {
+		return "", "", nil, fmt.Errorf("demo: AURORA_DATABASE_URL: %w", err)
+	}
+	admin, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return "", "", nil, fmt.Errorf("demo: cannot reach Postgres at AURORA_DATABASE_URL (is it running?): %w", err)
+	}
+	defer admin.Close(ctx)
+	name := fmt.Sprintf("aurora_demo_%d", time.Now().UnixNano())
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", "", nil, fmt.Errorf("demo: create database %s (the role needs CREATEDB): %w", name, err)
+	}
+	url, err := replaceDatabase(serverURL, name)
+	if err != nil {
+		return "", "", nil, err
+	}
+	drop := func() {
+		c, err := pgx.ConnectConfig(context.Background(), cfg)
+		if err != nil {
+			return
+		}
+		defer c.Close(context.Background())
+		_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	}
+	return url, name, drop, nil
+}
+
+// replaceDatabase returns serverURL (a postgres:// URL) naming database name.
+func replaceDatabase(serverURL, name string) (string, error) {
+	u, err := neturl.Parse(serverURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "", fmt.Errorf("demo: AURORA_DATABASE_URL must be a postgres:// URL")
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
+// provisionCustomers creates a Stripe customer per tenant, 8 at a time.
+func provisionCustomers(ctx context.Context, pool *pgxpool.Pool, api *client.API, account string, events []usage.Event) error {
+	seen := map[string]bool{}
+	var tenants []string
+	for _, e := range events {
+		if !seen[e.Tenant] {
+			seen[e.Tenant] = true
+			tenants = append(tenants, e.Tenant)
+		}
+	}
+	sort.Strings(tenants)
+	jobs := make(chan string)
+	var mu sync.Mutex
+	var first error
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for t := range jobs {
+				if _, _, err := provision.Customer(ctx, pool, api, account, t); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for _, t := range tenants {
+		jobs <- t
+	}
+	close(jobs)
+	wg.Wait()
+	return first
+}
+
+// record replays events in transactions of up to 500 (Gate.RecordBatch)
+// across 4 writers.
+func record(ctx context.Context, pool *pgxpool.Pool, gate usage.Gate, events []usage.Event) error {
+	const batch, writers = 500, 4
+	jobs := make(chan []usage.Event)
+	errc := make(chan error, writers)
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for chunk := range jobs {
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					_, err := gate.RecordBatch(ctx, tx, chunk)
+					return err
+				})
+				if err != nil {
+					errc <- err
+					return
+				}
+			}
+		}()
+	}
+	var sendErr error
+	for i := 0; i < len(events) && sendErr == nil; i += batch {
+		select {
+		case jobs <- events[i:min(i+batch, len(events))]:
+		case err := <-errc:
+			sendErr = err
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	close(errc)
+	if sendErr != nil {
+		return sendErr
+	}
+	return <-errc
+}
+
+func waitDrained(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration, progress io.Writer, errc <-chan error) (bool, error) {
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var open, done int
+		err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state IN ('pending','leased')), count(*) FILTER (WHERE state NOT IN ('pending','leased')) FROM outbox_items`).Scan(&open, &done)
+		if err != nil {
+			return false, err
+		}
+		if progress != nil {
+			fmt.Fprintf(progress, "\r%d items resolved, %d pending or leased   ", done, open)
+		}
+		if open == 0 {
+			if progress != nil {
+				fmt.Fprintln(progress)
+			}
+			return true, nil
+		}
+		if time.Now().After(deadline) {
+			if progress != nil {
+				fmt.Fprintln(progress)
+			}
+			return false, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case err := <-errc:
+			return false, err
+		case <-tick.C:
+		}
+	}
+}
+
+func summarise(ctx context.Context, pool *pgxpool.Pool, sum *Summary) error {
+	rows, err := pool.Query(ctx, `SELECT state, coalesce(quarantine_reason, ''), feature, count(*), sum(quantity) FROM outbox_items GROUP BY 1, 2, 3`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var state, reason, feature string
+		var n int
+		var qty int64
+		if err := rows.Scan(&state, &reason, &feature, &n, &qty); err != nil {
+			return err
+		}
+		sum.ItemsStaged += n
+		sum.ItemsByState[state] += n
+		if reason != "" {
+			sum.QuarantinedByReason[reason] += n
+		}
+		if state == string(outbox.StateAccepted) || state == string(outbox.StateConfirmed) {
+			sum.CommittedQuantity[feature] += qty
+		}
+	}
+	return rows.Err()
+}

@@ -1,0 +1,134 @@
+package usage_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/aurora-billing/aurora/migrations/dbtest"
+	"github.com/aurora-billing/aurora/shared/identity"
+	"github.com/aurora-billing/aurora/shared/usage"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+func batchGate() usage.Gate {
+	return usage.Gate{
+		Recorder: usage.Recorder{DestinationAccount: "acct_1Test", Mode: identity.ModeTest, Period: usage.PeriodDay},
+		Sources:  usage.Sources{"api_calls": usage.SourceEvents},
+	}
+}
+
+func recordBatch(t *testing.T, pool *pgxpool.Pool, g usage.Gate, evs []usage.Event) (int, error) {
+	t.Helper()
+	var n int
+	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		var err error
+		n, err = g.RecordBatch(context.Background(), tx, evs)
+		return err
+	})
+	return n, err
+}
+
+// The batch path must leave exactly what the per-event path leaves.
+func TestRecordBatchMatchesRecord(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	at := time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
+	var evs []usage.Event
+	for i := range 50 {
+		evs = append(evs, usage.Event{Tenant: fmt.Sprintf("t%d", i%7), EventID: fmt.Sprintf("e%d", i), Feature: "api_calls", Quantity: int64(i), OccurredAt: at.Add(time.Duration(i) * time.Minute)})
+	}
+	batchPool, onePool := dbtest.New(t), dbtest.New(t)
+	for _, p := range []*pgxpool.Pool{batchPool, onePool} {
+		if _, err := p.Exec(ctx, `INSERT INTO stripe_accounts VALUES ('acct_1Test', 'test', true);
+			INSERT INTO meter_mappings (destination_account, feature, meter_id, event_name, mapping_version) VALUES ('acct_1Test', 'api_calls', 'm', 'api_calls', 2)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := recordBatch(t, batchPool, batchGate(), evs)
+	if err != nil || n != 50 {
+		t.Fatalf("batch: %d %v", n, err)
+	}
+	err = pgx.BeginFunc(ctx, onePool, func(tx pgx.Tx) error {
+		for _, ev := range evs {
+			if _, _, err := batchGate().Record(ctx, tx, ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dump := func(p *pgxpool.Pool) string {
+		var s string
+		err := p.QueryRow(ctx, `SELECT string_agg(format('%s|%s|%s|%s|%s|%s|%s|%s|%s|%s', i.tenant, i.subject_ref, i.idempotency_key, i.mapping_version,
+			i.quantity, i.occurred_at, i.period_start, i.state, u.event_id, u.item_id IS NOT NULL), ';' ORDER BY i.subject_ref)
+			FROM outbox_items i JOIN usage_events u ON u.item_id = i.id`).Scan(&s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if a, b := dump(batchPool), dump(onePool); a != b {
+		t.Fatalf("batch and per-event paths differ:\n%s\n%s", a, b)
+	}
+}
+
+func TestRecordBatchRepeatsDuplicatesAndConflicts(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	at := time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
+	ev := usage.Event{Tenant: "t", EventID: "e1", Feature: "api_calls", Quantity: 1, OccurredAt: at}
+	// The same event twice in one batch, then again in a second batch.
+	if n, err := recordBatch(t, pool, batchGate(), []usage.Event{ev, ev}); err != nil || n != 1 {
+		t.Fatalf("first: %d %v", n, err)
+	}
+	if n, err := recordBatch(t, pool, batchGate(), []usage.Event{ev}); err != nil || n != 0 {
+		t.Fatalf("repeat: %d %v", n, err)
+	}
+	changed := ev
+	changed.Quantity = 2
+	if _, err := recordBatch(t, pool, batchGate(), []usage.Event{changed}); !errors.Is(err, usage.ErrEventConflict) {
+		t.Fatalf("conflict: %v", err)
+	}
+	var items, linked int
+	if err := pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM outbox_items), (SELECT count(*) FROM usage_events WHERE item_id IS NOT NULL)`).Scan(&items, &linked); err != nil {
+		t.Fatal(err)
+	}
+	if items != 1 || linked != 1 {
+		t.Fatalf("items %d linked %d", items, linked)
+	}
+	bad := ev
+	bad.EventID = ""
+	if _, err := recordBatch(t, pool, batchGate(), []usage.Event{bad}); !errors.Is(err, usage.ErrInvalidEvent) {
+		t.Fatalf("invalid: %v", err)
+	}
+}
+
+func TestRecordBatchQuarantinesBufferedPeriods(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO usage_cutovers (tenant, feature, watermark, scheduled_by) VALUES ('', 'api_calls', '2026-11-20T00:00:00Z', 'test')`); err != nil {
+		t.Fatal(err)
+	}
+	before := usage.Event{Tenant: "t", EventID: "old", Feature: "api_calls", Quantity: 1, OccurredAt: time.Date(2026, 11, 19, 23, 0, 0, 0, time.UTC)}
+	after := usage.Event{Tenant: "t", EventID: "new", Feature: "api_calls", Quantity: 1, OccurredAt: time.Date(2026, 11, 20, 0, 0, 0, 0, time.UTC)}
+	if _, err := recordBatch(t, pool, batchGate(), []usage.Event{before, after}); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	rows, _ := pool.Query(ctx, `SELECT subject_ref, state || coalesce(':' || quarantine_reason, '') FROM outbox_items`)
+	for rows.Next() {
+		var ref, st string
+		_ = rows.Scan(&ref, &st)
+		got[ref] = st
+	}
+	if got["event:old"] != "quarantined:period_buffered" || got["event:new"] != "pending" {
+		t.Fatalf("%v", got)
+	}
+}
