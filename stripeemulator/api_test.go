@@ -524,7 +524,7 @@ func TestStatsEndpointAndRequestLog(t *testing.T) {
 		t.Fatalf("request log bounded to 3, oldest dropped: %+v", recs)
 	}
 	for _, r := range recs {
-		if r.Route != stripeemulator.RouteMeterEvents || r.Status != 200 {
+		if r.Route != stripeemulator.RouteMeterEventCreate || r.Status != 200 {
 			t.Fatalf("record %+v", r)
 		}
 	}

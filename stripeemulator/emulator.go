@@ -142,9 +142,9 @@ type Emulator struct {
 	faults    Faults
 	customers map[string]*customer
 	custOrder []string
-	meters    map[string]*meter
+	meters    map[string]*Meter
 	meterList []string // ids, creation order
-	byEvent   map[string]*meter
+	byEvent   map[string]*Meter
 
 	events     []AppliedEvent
 	ids        map[string]idState // per identifier; never pruned (the oracle), bounded per identifier
@@ -202,8 +202,8 @@ func New(cfg Config) (*Emulator, error) {
 		rng:          rand.New(rand.NewPCG(cfg.Seed, 0x5eed_57a1_9e)),
 		faults:       cfg.Faults,
 		customers:    map[string]*customer{},
-		meters:       map[string]*meter{},
-		byEvent:      map[string]*meter{},
+		meters:       map[string]*Meter{},
+		byEvent:      map[string]*Meter{},
 		ids:          map[string]idState{},
 		byPair:       map[pairKey][]int{},
 		idem:         map[string]*idemEntry{},
@@ -213,19 +213,19 @@ func New(cfg Config) (*Emulator, error) {
 		counts:       map[Outcome]int{},
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/customers", e.authed(routeCustomerCreate, e.handleCustomerCreate))
-	mux.HandleFunc("GET /v1/customers/{id}", e.authed(routeCustomerGet, e.handleCustomerGet))
-	mux.HandleFunc("DELETE /v1/customers/{id}", e.authed(routeCustomerDelete, e.handleCustomerDelete))
-	mux.HandleFunc("POST /v1/billing/meters", e.authed(routeMeterCreate, e.handleMeterCreate))
-	mux.HandleFunc("GET /v1/billing/meters", e.authed(routeMeterList, e.handleMeterList))
-	mux.HandleFunc("GET /v1/billing/meters/{id}", e.authed(routeMeterGet, e.handleMeterGet))
-	mux.HandleFunc("POST /v1/billing/meters/{id}/deactivate", e.authed(routeMeterDeactivate, e.handleMeterDeactivate))
-	mux.HandleFunc("POST /v1/billing/meters/{id}/reactivate", e.authed(routeMeterReactivate, e.handleMeterReactivate))
-	mux.HandleFunc("GET /v1/billing/meters/{id}/event_summaries", e.authed(routeSummaryList, e.handleSummaryList))
-	mux.HandleFunc("POST /v1/billing/meter_events", e.authed(routeMeterEventCreate, e.handleMeterEventCreate))
-	mux.HandleFunc("POST /v1/billing/meter_event_adjustments", e.authed(routeAdjustmentCreate, e.handleAdjustmentCreate))
+	mux.HandleFunc("POST /v1/customers", e.authed(RouteCustomerCreate, e.handleCustomerCreate))
+	mux.HandleFunc("GET /v1/customers/{id}", e.authed(RouteCustomerGet, e.handleCustomerGet))
+	mux.HandleFunc("DELETE /v1/customers/{id}", e.authed(RouteCustomerDelete, e.handleCustomerDelete))
+	mux.HandleFunc("POST /v1/billing/meters", e.authed(RouteMeterCreate, e.handleMeterCreate))
+	mux.HandleFunc("GET /v1/billing/meters", e.authed(RouteMeterList, e.handleMeterList))
+	mux.HandleFunc("GET /v1/billing/meters/{id}", e.authed(RouteMeterGet, e.handleMeterGet))
+	mux.HandleFunc("POST /v1/billing/meters/{id}/deactivate", e.authed(RouteMeterDeactivate, e.handleMeterDeactivate))
+	mux.HandleFunc("POST /v1/billing/meters/{id}/reactivate", e.authed(RouteMeterReactivate, e.handleMeterReactivate))
+	mux.HandleFunc("GET /v1/billing/meters/{id}/event_summaries", e.authed(RouteSummaryList, e.handleSummaryList))
+	mux.HandleFunc("POST /v1/billing/meter_events", e.authed(RouteMeterEventCreate, e.handleMeterEventCreate))
+	mux.HandleFunc("POST /v1/billing/meter_event_adjustments", e.authed(RouteAdjustmentCreate, e.handleAdjustmentCreate))
 	e.registerControl(mux)
-	mux.HandleFunc("/", e.authed(routeUnknown, e.handleUnknown))
+	mux.HandleFunc("/", e.authed(RouteUnknown, e.handleUnknown))
 	e.mux = mux
 	return e, nil
 }
@@ -236,24 +236,21 @@ func (e *Emulator) ServeHTTP(w http.ResponseWriter, r *http.Request) { e.mux.Ser
 // Route names one endpoint in RequestRecord.
 type Route string
 
-// Routes.
+// Routes, as registered on the ServeMux (RouteUnknown: anything else).
 const (
-	routeCustomerCreate   Route = "POST /v1/customers"
-	routeCustomerGet      Route = "GET /v1/customers/{id}"
-	routeCustomerDelete   Route = "DELETE /v1/customers/{id}"
-	routeMeterCreate      Route = "POST /v1/billing/meters"
-	routeMeterList        Route = "GET /v1/billing/meters"
-	routeMeterGet         Route = "GET /v1/billing/meters/{id}"
-	routeMeterDeactivate  Route = "POST /v1/billing/meters/{id}/deactivate"
-	routeMeterReactivate  Route = "POST /v1/billing/meters/{id}/reactivate"
-	routeSummaryList      Route = "GET /v1/billing/meters/{id}/event_summaries"
-	routeMeterEventCreate Route = "POST /v1/billing/meter_events"
-	routeAdjustmentCreate Route = "POST /v1/billing/meter_event_adjustments"
-	routeUnknown          Route = "unknown"
+	RouteCustomerCreate   Route = "POST /v1/customers"
+	RouteCustomerGet      Route = "GET /v1/customers/{id}"
+	RouteCustomerDelete   Route = "DELETE /v1/customers/{id}"
+	RouteMeterCreate      Route = "POST /v1/billing/meters"
+	RouteMeterList        Route = "GET /v1/billing/meters"
+	RouteMeterGet         Route = "GET /v1/billing/meters/{id}"
+	RouteMeterDeactivate  Route = "POST /v1/billing/meters/{id}/deactivate"
+	RouteMeterReactivate  Route = "POST /v1/billing/meters/{id}/reactivate"
+	RouteSummaryList      Route = "GET /v1/billing/meters/{id}/event_summaries"
+	RouteMeterEventCreate Route = "POST /v1/billing/meter_events"
+	RouteAdjustmentCreate Route = "POST /v1/billing/meter_event_adjustments"
+	RouteUnknown          Route = "unknown"
 )
-
-// RouteMeterEvents is the route of meter event creation in RequestRecord.
-const RouteMeterEvents = routeMeterEventCreate
 
 // call is one request in flight: what the handlers need and what gets
 // recorded.

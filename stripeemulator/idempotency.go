@@ -12,7 +12,7 @@ import (
 // request that fails validation, or conflicts with one still running, saves
 // nothing. Keys are scoped to the API key (one key per account here).
 
-// outcomeOf is what execute returns: the reply and whether it is saved
+// executed is what a request's execution returns: the reply and whether it is saved
 // under the Idempotency-Key.
 type executed struct {
 	reply reply

@@ -52,8 +52,6 @@ type Meter struct {
 	Updated     time.Time
 }
 
-type meter = Meter
-
 type meterJSON struct {
 	ID              string `json:"id"`
 	Object          string `json:"object"`
@@ -192,7 +190,7 @@ func (e *Emulator) setMeterActiveLocked(id string, active bool) *apiError {
 
 // meterForEvent returns the meter for event_name: the active one, else the
 // newest inactive one (for archived_meter), else nil. Callers hold e.mu.
-func (e *Emulator) meterForEvent(eventName string) *meter {
+func (e *Emulator) meterForEvent(eventName string) *Meter {
 	if m, ok := e.byEvent[eventName]; ok {
 		return m
 	}

@@ -60,7 +60,7 @@ func (c *emulatorConfig) Validate() error {
 			reason = fe.Item + ": " + fe.Reason
 		}
 		return &config.RangeError{Var: config.Prefix + "EMULATOR_FAULTS", Value: c.Faults,
-			Allowed: "name=value items of latency (20ms or 10ms-50ms), http429, http500, http500-saved, drop-after-apply, timeout (rates 0..1, sum ≤ 1); " + reason}
+			Allowed: "name=value items of latency (20ms or 10ms-50ms), http429, http500, http500-saved, drop-after-apply, cut-after-apply, timeout (rates 0..1, sum ≤ 1); " + reason}
 	}
 	c.faults = f
 	c.keys = nil
