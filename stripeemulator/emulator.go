@@ -230,7 +230,11 @@ func New(cfg Config) (*Emulator, error) {
 	return e, nil
 }
 
-// ServeHTTP serves the emulated API.
+// ServeHTTP serves the emulated API. The drop, cut-after-apply and timeout
+// answers close the client's connection: they hijack it under an HTTP/1.x
+// net/http server, and otherwise (HTTP/2, a ResponseRecorder) abort the
+// handler with panic(http.ErrAbortHandler), which net/http's server turns
+// into a reset stream. Every other answer is written normally.
 func (e *Emulator) ServeHTTP(w http.ResponseWriter, r *http.Request) { e.mux.ServeHTTP(w, r) }
 
 // Route names one endpoint in RequestRecord.
