@@ -297,6 +297,9 @@ func (d *Deliverer) handle(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.NakWithDelay(d.busy())
 		return
 	}
+	if cr.Verdict != verdictClaimed {
+		d.log.Debug("deliverer: not claimed", "item", m.ItemID, "dispatch", m.Dispatch, "why", cr.Verdict.String())
+	}
 	switch cr.Verdict {
 	case verdictClaimed:
 		d.attempt(ctx, msg, cr)

@@ -5,7 +5,8 @@
 // Each call sends identifier = Idempotency-Key = the item's key, event_name
 // from the meter mapping, payload {customer_key: customer, value_key: value}
 // and timestamp = occurred_at (Unix seconds). The library's own retries are
-// off (MaxNetworkRetries 0) and so is its telemetry header, so a retry
+// off (MaxNetworkRetries 0), so are net/http's transparent replays of
+// idempotent requests and stripe-go's telemetry header, so a retry
 // driven by the deliverer carries the same key and a byte-identical body.
 // Nothing here logs: stripe-go's logger is silenced because its messages may
 // carry Stripe's error text, which can name a customer.
@@ -195,6 +196,12 @@ type observation struct {
 type observer struct{ next http.RoundTripper }
 
 func (o observer) RoundTrip(req *http.Request) (*http.Response, error) {
+	// net/http silently replays a request that carries an Idempotency-Key
+	// when a kept-alive connection closes before any answer (Request.
+	// isReplayable). Without GetBody the request is not replayable: every
+	// attempt is the deliverer's own, recorded in outbox_attempts.
+	req = req.WithContext(req.Context())
+	req.GetBody = nil
 	resp, err := o.next.RoundTrip(req)
 	if resp != nil {
 		if obs, ok := req.Context().Value(observationKey{}).(*observation); ok {
