@@ -57,7 +57,9 @@ func newEnv(t *testing.T) *env {
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	e := &env{t: t, pool: pool, clk: clk, logs: logs}
-	e.handler = NewHandler(NewStore(pool, clk), []string{testSecret}, nil, log)
+	store := NewStore(pool, clk)
+	t.Cleanup(store.Close)
+	e.handler = NewHandler(store, []string{testSecret}, nil, log)
 	e.worker = NewWorker(pool, WorkerConfig{BatchSize: BatchSizeMax, Clock: clk, Log: log})
 	return e
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 
 	"github.com/aurora-billing/aurora/shared/ops"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,6 +16,11 @@ import (
 
 // WebhookPath is where Stripe posts events.
 const WebhookPath = "/webhooks/stripe"
+
+// IngestPoolConns is the service pool's size when AURORA_DATABASE_URL sets
+// no pool_max_conns: enough concurrent commits for Postgres to group their
+// WAL flushes under webhook bursts.
+const IngestPoolConns = 16
 
 // NewMux returns the service's one listener: POST /webhooks/stripe plus
 // ops' /healthz, /readyz (the database answers and the inbox table exists)
@@ -34,14 +40,23 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	pool, err := pgxpool.New(ctx, cfg.Database.URL)
+	pcfg, err := pgxpool.ParseConfig(cfg.Database.URL)
+	if err != nil {
+		return fmt.Errorf("inbox: database: %w", err)
+	}
+	if !strings.Contains(cfg.Database.URL, "pool_max_conns") {
+		pcfg.MaxConns = IngestPoolConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("inbox: database: %w", err)
 	}
 	defer pool.Close()
 	reg := ops.NewRegistry()
 	metrics := NewMetrics(reg, pool)
-	h := NewHandler(NewStore(pool, nil), cfg.Secrets(), metrics, log)
+	store := NewStore(pool, nil)
+	defer store.Close()
+	h := NewHandler(store, cfg.Secrets(), metrics, log)
 	w := NewWorker(pool, WorkerConfig{BatchSize: cfg.BatchSize, Poll: cfg.Poll(), Metrics: metrics, Log: log})
 	log.Info("inbox starting", "config", cfg.String())
 	g, gctx := errgroup.WithContext(ctx)

@@ -78,42 +78,37 @@ const (
 
 // Pass summarises one pass.
 type Pass struct {
-	Claimed int            // candidates looked at
+	Claimed int            // events locked and handled (skips included)
 	Results map[Result]int // per result
 }
 
 // Count returns the number of events with result r.
 func (p Pass) Count(r Result) int { return p.Results[r] }
 
-const sqlCandidates = `
-SELECT event_id FROM billing_events
- WHERE provider = 'stripe' AND processed_at IS NULL AND dead_letter_at IS NULL
-   AND next_attempt_at <= coalesce($1::timestamptz, now())
- ORDER BY next_attempt_at, event_created NULLS FIRST, received_at, event_id
- LIMIT $2`
-
-// RunPass handles one bounded batch of due events and logs one aggregate
-// line when the batch was not empty. An error means the candidates could
-// not be read; per-event failures are counted in the Pass.
+// RunPass handles up to one batch of due events, each in its own
+// transaction, and logs one aggregate line when the pass was not empty. An
+// error means the queue could not be read; per-event failures are counted
+// in the Pass.
 func (w *Worker) RunPass(ctx context.Context) (Pass, error) {
 	start := time.Now()
 	pass := Pass{Results: map[Result]int{}}
-	rows, err := w.pool.Query(ctx, sqlCandidates, w.clock.Override(), w.batch)
-	if err != nil {
-		return pass, fmt.Errorf("inbox: read due events: %w", err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return pass, fmt.Errorf("inbox: read due events: %w", err)
-	}
-	for _, id := range ids {
-		if ctx.Err() != nil {
+	skipped := []string{} // skipped or failed this pass: not picked again
+	var passErr error
+	for pass.Claimed < w.batch && ctx.Err() == nil {
+		id, r, err := w.handleNext(ctx, skipped)
+		if err != nil {
+			passErr = fmt.Errorf("inbox: claim next event: %w", err)
 			break
 		}
+		if id == "" {
+			break // nothing due
+		}
 		pass.Claimed++
-		r := w.handle(ctx, id)
 		pass.Results[r]++
 		w.metrics.workerResult(r)
+		if r == ResultSkipped || r == ResultFailed {
+			skipped = append(skipped, id)
+		}
 	}
 	if pass.Claimed > 0 {
 		attrs := []any{"claimed", pass.Claimed, "duration_ms", time.Since(start).Milliseconds()}
@@ -122,7 +117,7 @@ func (w *Worker) RunPass(ctx context.Context) (Pass, error) {
 		}
 		w.log.Info("worker.stripe_reconciliation", attrs...)
 	}
-	return pass, nil
+	return pass, passErr
 }
 
 // Run passes until ctx ends: immediately again after a full batch,
@@ -141,21 +136,26 @@ func (w *Worker) Run(ctx context.Context) error {
 			w.log.Warn("worker.stripe_reconciliation pass failed", "error_class", errorClass(err))
 		}
 		next := w.poll
-		if err == nil && pass.Claimed >= w.batch && pass.Count(ResultSkipped) < pass.Claimed {
+		if err == nil && pass.Claimed >= w.batch && pass.Count(ResultSkipped)+pass.Count(ResultFailed) < pass.Claimed {
 			next = 0
 		}
 		timer.Reset(next)
 	}
 }
 
-const sqlLockEvent = `
-SELECT event_type, payload, attempts, coalesce($2::timestamptz, now())
+// sqlClaimNext locks the next due event no other transaction holds, oldest
+// due first (then Stripe time), skipping the ids this pass already skipped.
+const sqlClaimNext = `
+SELECT event_id, event_type, payload, attempts, coalesce($1::timestamptz, now())
   FROM billing_events
- WHERE event_id = $1 AND processed_at IS NULL AND dead_letter_at IS NULL
-   AND next_attempt_at <= coalesce($2::timestamptz, now())
+ WHERE provider = 'stripe' AND processed_at IS NULL AND dead_letter_at IS NULL
+   AND next_attempt_at <= coalesce($1::timestamptz, now())
+   AND event_id <> ALL($2::text[])
+ ORDER BY next_attempt_at, event_created NULLS FIRST, received_at, event_id
+ LIMIT 1
    FOR UPDATE SKIP LOCKED`
 
-// lockCustomer is the non-blocking, transaction-scoped advisory lock per
+// sqlLockCustomer is the non-blocking, transaction-scoped advisory lock per
 // Stripe customer.
 const sqlLockCustomer = `SELECT pg_try_advisory_xact_lock(hashtextextended('aurora.inbox.stripe_customer:' || $1, 0))`
 
@@ -168,44 +168,74 @@ type decision struct {
 func processed(o Outcome) decision { return decision{outcome: o} }
 func withReason(r Reason) decision { return decision{reason: r} }
 
-// handle processes one event in its own transaction.
-func (w *Worker) handle(ctx context.Context, id string) Result {
-	res, err := w.tryHandle(ctx, id)
-	if err == nil {
-		return res
+// handleNext claims and processes the next due event in its own
+// transaction on one pinned connection. id is "" when nothing is due; err
+// only when the claim itself failed.
+func (w *Worker) handleNext(ctx context.Context, skipped []string) (id string, res Result, err error) {
+	conn, err := w.pool.Acquire(ctx)
+	if err != nil {
+		return "", "", err
 	}
+	// a connection released inside a transaction is destroyed by the pool
+	defer conn.Release()
+	id, res, err = w.process(ctx, conn, skipped)
+	if err == nil || id == "" {
+		return id, res, err
+	}
+	_, _ = conn.Exec(context.Background(), "ROLLBACK") // nothing of the attempt survives
 	if ctx.Err() != nil {
-		return ResultSkipped // shutting down: the rollback left the row as it was
+		return id, ResultSkipped, nil // shutting down: the rollback left the row as it was
 	}
 	// the projection rolled back; count the attempt on its own
 	r, cerr := w.countFailure(ctx, id, err)
 	if cerr != nil {
 		w.log.Warn("worker.stripe_reconciliation could not count a failed attempt", "event_id", id, "error_class", errorClass(cerr))
-		return ResultFailed
+		return id, ResultFailed, nil
 	}
-	return r
+	return id, r, nil
 }
 
-func (w *Worker) tryHandle(ctx context.Context, id string) (Result, error) {
-	tx, err := w.pool.Begin(ctx)
-	if err != nil {
-		return "", err
-	}
-	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
-
+// process runs one event's transaction in three pipelined round trips:
+// BEGIN + claim; the customer's advisory lock + the projection's read; the
+// projection's writes + the row's settlement + COMMIT. A non-nil error with
+// a non-empty id leaves the transaction for the caller to roll back.
+func (w *Worker) process(ctx context.Context, conn *pgxpool.Conn, skipped []string) (string, Result, error) {
 	var (
-		evType   string
-		payload  []byte
-		attempts int
-		now      time.Time
+		id, evType string
+		payload    []byte
+		attempts   int
+		now        time.Time
 	)
-	err = tx.QueryRow(ctx, sqlLockEvent, id, w.clock.Override()).Scan(&evType, &payload, &attempts, &now)
+	// Asynchronous commit, for this transaction only: a crash can lose the
+	// last few hundred milliseconds of worker commits, but only whole
+	// transactions, so projection and processed_at vanish together and the
+	// event is projected again (the guards make that idempotent). The
+	// webhook's insert stays synchronous: that commit is what Stripe's 200
+	// promises.
+	claim := &pgx.Batch{}
+	claim.Queue("BEGIN")
+	claim.Queue("SET LOCAL synchronous_commit = off")
+	claim.Queue(sqlClaimNext, w.clock.Override(), skipped)
+	br := conn.SendBatch(ctx, claim)
+	_, err := br.Exec()
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		err = br.QueryRow().Scan(&id, &evType, &payload, &attempts, &now)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
-		return ResultSkipped, nil // claimed by another replica, or no longer due
+		_, err = conn.Exec(ctx, "COMMIT")
+		return "", "", err
 	}
 	if err != nil {
-		return "", err
+		_, _ = conn.Exec(context.Background(), "ROLLBACK")
+		return "", "", err
 	}
+	p := &projector{tx: conn, now: now, writes: &pgx.Batch{}}
 	var d decision
 	ev, perr := parseEvent(payload)
 	switch {
@@ -215,70 +245,58 @@ func (w *Worker) tryHandle(ctx context.Context, id string) (Result, error) {
 		// the stored envelope columns disagree with the stored body
 		d = withReason(ReasonUnrecognizedStripePayload)
 	default:
-		if ev.Customer != "" {
-			var got bool
-			if err := tx.QueryRow(ctx, sqlLockCustomer, ev.Customer).Scan(&got); err != nil {
-				return "", err
-			}
-			if !got {
-				return ResultSkipped, nil // another event of this customer is in flight
-			}
+		d, err = p.project(ctx, ev)
+		if errors.Is(err, errCustomerBusy) {
+			// another event of this customer is in flight: not an attempt
+			_, err = conn.Exec(ctx, "ROLLBACK")
+			return id, ResultSkipped, err
 		}
-		p := projector{tx: tx, now: now}
-		if d, err = p.project(ctx, ev); err != nil {
-			return "", err
+		if err != nil {
+			return id, "", err
 		}
 	}
-	res, err := settle(ctx, tx, id, attempts, now, d)
-	if err != nil {
-		return "", err
+	if d.reason != "" {
+		p.writes = &pgx.Batch{} // a deferral or quarantine writes nothing but the row
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return "", err
+	res := settle(p.writes, id, attempts, now, d)
+	p.writes.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, p.writes).Close(); err != nil {
+		return id, "", err
 	}
-	return res, nil
+	return id, res, nil
 }
 
-// settle records the decision on the row inside the event's transaction.
-func settle(ctx context.Context, tx pgx.Tx, id string, attempts int, now time.Time, d decision) (Result, error) {
+// settle queues the row's settlement after the projection's writes.
+func settle(b *pgx.Batch, id string, attempts int, now time.Time, d decision) Result {
 	if d.reason == "" {
-		_, err := tx.Exec(ctx, `UPDATE billing_events SET processed_at = $2, outcome = $3, last_error = NULL WHERE event_id = $1`,
+		b.Queue(`UPDATE billing_events SET processed_at = $2, outcome = $3, last_error = NULL WHERE event_id = $1`,
 			id, now, string(d.outcome))
-		if err != nil {
-			return "", err
-		}
 		switch d.outcome {
 		case OutcomeApplied:
-			return ResultApplied, nil
+			return ResultApplied
 		case OutcomeStale:
-			return ResultStale, nil
+			return ResultStale
 		case OutcomeUnchanged:
-			return ResultUnchanged, nil
+			return ResultUnchanged
 		case OutcomeIgnored:
-			return ResultIgnored, nil
+			return ResultIgnored
 		default:
-			return "", fmt.Errorf("inbox: unknown outcome %q", d.outcome)
+			panic(fmt.Sprintf("inbox: unknown outcome %q", d.outcome))
 		}
 	}
 	n := attempts + 1
 	if !d.reason.Deferred() || n >= MaxAttempts {
-		_, err := tx.Exec(ctx, `UPDATE billing_events SET attempts = $2, last_reason = $3, dead_letter_at = $4 WHERE event_id = $1`,
+		b.Queue(`UPDATE billing_events SET attempts = $2, last_reason = $3, dead_letter_at = $4 WHERE event_id = $1`,
 			id, n, string(d.reason), now)
-		if err != nil {
-			return "", err
-		}
 		if d.reason.Deferred() {
-			return ResultDeadLettered, nil
+			return ResultDeadLettered
 		}
-		return ResultQuarantined, nil
+		return ResultQuarantined
 	}
 	next := now.Add(time.Duration(BackoffSeconds(n)) * time.Second)
-	_, err := tx.Exec(ctx, `UPDATE billing_events SET attempts = $2, last_reason = $3, next_attempt_at = $4 WHERE event_id = $1`,
+	b.Queue(`UPDATE billing_events SET attempts = $2, last_reason = $3, next_attempt_at = $4 WHERE event_id = $1`,
 		id, n, string(d.reason), next)
-	if err != nil {
-		return "", err
-	}
-	return ResultDeferred, nil
+	return ResultDeferred
 }
 
 // countFailure counts a rolled-back attempt: backoff, or dead letter with

@@ -134,19 +134,17 @@ func TestEventsBeforeCheckoutAreDeferredThenAppliedInOrder(t *testing.T) {
 	if p := e.pass(); p.Claimed != 0 {
 		t.Fatalf("claimed before due: %+v", p.Results)
 	}
-	// the checkout wakes them at once (no clock advance needed)
+	// the checkout wakes them at once (no clock advance needed): the same
+	// pass applies the checkout, then the subscription, then the invoice
+	// (an invoice before its subscription would defer subscription_not_linked)
 	e.deliver(checkout(t, "evt_co", t0+5, "cus_1", "tenant_1", "sub_1"))
-	if p := e.pass(); p.Count(ResultApplied) != 1 {
-		t.Fatalf("checkout pass %+v", p.Results)
+	if p := e.pass(); p.Count(ResultApplied) != 3 || p.Claimed != 3 {
+		t.Fatalf("checkout pass %+v, want checkout, subscription and invoice applied", p.Results)
 	}
 	for _, id := range []string{"evt_inv", "evt_sub"} {
-		if r := e.row(id); !r.nextAttemptAt.Equal(e.clk.Now()) || r.attempts != 0 {
-			t.Fatalf("%s not woken with a fresh budget: %+v", id, r)
+		if r := e.row(id); !r.processed || r.outcome != string(OutcomeApplied) || r.attempts != 0 {
+			t.Fatalf("%s: %+v, want applied with the budget reset by the wake", id, r)
 		}
-	}
-	p = e.pass()
-	if p.Count(ResultApplied) != 2 || p.Claimed != 2 {
-		t.Fatalf("wake pass %+v, want both applied in one pass (subscription first)", p.Results)
 	}
 	en := e.entitlement("tenant_1")
 	if en.plan != "basic" || en.billingStatus != "current" || en.subscriptionStatus != "active" {
@@ -492,8 +490,11 @@ func TestRowLockedByAnotherReplicaIsSkipped(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SELECT 1 FROM billing_events WHERE event_id = 'evt_x' FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
-	if p := e.pass(); p.Count(ResultSkipped) != 1 {
-		t.Fatalf("%+v", p.Results)
+	if p := e.pass(); p.Claimed != 0 {
+		t.Fatalf("claimed a row another transaction holds: %+v", p.Results)
+	}
+	if r := e.row("evt_x"); r.processed || r.attempts != 0 {
+		t.Fatalf("%+v", r)
 	}
 	_ = tx.Rollback(ctx)
 	if p := e.pass(); p.Count(ResultIgnored) != 1 {

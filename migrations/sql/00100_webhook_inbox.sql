@@ -39,7 +39,7 @@ CREATE TABLE billing_events (
 );
 
 -- the due queue: pending rows by due time
-CREATE INDEX billing_events_due ON billing_events (next_attempt_at, event_created, received_at)
+CREATE INDEX billing_events_due ON billing_events (next_attempt_at, event_created NULLS FIRST, received_at, event_id)
     WHERE processed_at IS NULL AND dead_letter_at IS NULL;
 -- wakeups on linkage
 CREATE INDEX billing_events_customer ON billing_events (customer_id)
