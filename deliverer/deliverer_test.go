@@ -83,7 +83,12 @@ func TestPreSendQuarantine(t *testing.T) {
 		{mk("no-billing", func(i *outbox.Item) { i.Tenant = "org_unknown" }), outbox.ReasonCustomerMissing},
 		{mk("null-customer", func(i *outbox.Item) { i.Tenant = "org_nocus" }), outbox.ReasonCustomerMissing},
 		{mk("buffered", func(i *outbox.Item) { i.Tenant = "org_buf"; i.PeriodStart = h.clk.Now().Add(-72 * time.Hour) }), outbox.ReasonPeriodBuffered},
-		{mk("window-after-watermark", func(i *outbox.Item) { i.Tenant = "org_buf"; i.SubjectKind = identity.SubjectUsageWindow; i.PeriodStart = h.clk.Now().Add(-72 * time.Hour); i.OccurredAt = h.clk.Now().Add(10 * time.Minute) }), outbox.ReasonTimestampOutsideWindow},
+		{mk("window-after-watermark", func(i *outbox.Item) {
+			i.Tenant = "org_buf"
+			i.SubjectKind = identity.SubjectUsageWindow
+			i.PeriodStart = h.clk.Now().Add(-72 * time.Hour)
+			i.OccurredAt = h.clk.Now().Add(10 * time.Minute)
+		}), outbox.ReasonTimestampOutsideWindow},
 		{mk("old", func(i *outbox.Item) { i.OccurredAt = h.clk.Now().Add(-36 * 24 * time.Hour) }), outbox.ReasonTimestampOutsideWindow},
 		{mk("future", func(i *outbox.Item) { i.OccurredAt = h.clk.Now().Add(6 * time.Minute) }), outbox.ReasonTimestampOutsideWindow},
 		{mk("negative", func(i *outbox.Item) { i.SubjectKind = identity.SubjectCorrection; i.Quantity = -3 }), outbox.ReasonNegativeQuantity},
