@@ -86,10 +86,28 @@ func stageBulk(b *testing.B, pool *pgxpool.Pool, n int) {
 	}
 }
 
-// BenchmarkRelayThroughput: one relay (default knobs: 4 workers, 100-row
-// batches, 1000 in flight) drains b.N committed rows into JetStream; rows/s
-// counts rows marked published (PubAck received, mark committed).
+// BenchmarkRelayThroughput: one relay drains b.N committed rows into
+// JetStream; rows/s counts rows marked published (PubAck received, mark
+// committed). "defaults" is the documented configuration (4 workers,
+// 100-row batches, 1000 in flight); the others vary one knob.
 func BenchmarkRelayThroughput(b *testing.B) {
+	for _, v := range []struct {
+		name           string
+		workers, batch int
+	}{
+		{"defaults", WorkersDefault, 100},
+		{"batch=500", WorkersDefault, 500},
+		{"workers=2", 2, 100},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			cfg := DefaultConfig()
+			cfg.Workers, cfg.Outbox.BatchSize = v.workers, v.batch
+			benchmarkThroughput(b, cfg)
+		})
+	}
+}
+
+func benchmarkThroughput(b *testing.B, cfg Config) {
 	pool := newPool(b)
 	_, js := connect(b, natstest.New(b))
 	stageBulk(b, pool, b.N)
@@ -102,7 +120,7 @@ func BenchmarkRelayThroughput(b *testing.B) {
 	}})
 	b.ResetTimer()
 	startAt := time.Now()
-	run := start(b, pool, js, DefaultConfig(), hook)
+	run := start(b, pool, js, cfg, hook)
 	select {
 	case <-all:
 	case <-time.After(10 * time.Minute):
