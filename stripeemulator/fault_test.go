@@ -1,9 +1,12 @@
 package stripeemulator_test
 
 import (
+	"context"
 	"errors"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -246,28 +249,55 @@ func TestSavedServerErrorClearsWhenKeyExpires(t *testing.T) {
 // a POST carrying Idempotency-Key on a reused keep-alive connection that is
 // closed before any response byte is retried once by the transport itself.
 // The caller sees the replayed 200; the emulator sees two requests with the
-// same key and body and applies the event once.
+// same key and body and applies the event once. (On a fresh connection the
+// caller sees the error instead; whether the pooled connection is back in
+// the pool is up to the transport, so the test observes it with httptrace
+// and tries until the reused case happened.)
 func TestDropAfterApplyOnReusedConnection(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, stripeemulator.Config{})
-	if _, err := e.sc.BillingMeterEvents.New(event("warm-up", custB, "1", epoch)); err != nil {
-		t.Fatal(err) // puts a connection in the pool
+	for try := range 50 {
+		id := "evt-d" + itoa(int64(try))
+		if _, err := e.sc.BillingMeterEvents.New(event("warm-"+id, custB, "1", epoch)); err != nil {
+			t.Fatal(err) // puts a connection in the pool
+		}
+		e.emu.Script(id, stripeemulator.Answer{Kind: stripeemulator.AnswerDropAfterApply})
+		var mu sync.Mutex
+		var reused []bool
+		p := event(id, custA, "1", epoch)
+		p.Context = httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) {
+			mu.Lock()
+			reused = append(reused, i.Reused)
+			mu.Unlock()
+		}})
+		r, err := e.sc.BillingMeterEvents.New(p)
+		mu.Lock()
+		firstReused := len(reused) > 0 && reused[0]
+		mu.Unlock()
+		recs := e.emu.RequestsFor(id)
+		if n := e.emu.Applications(id); n != 1 {
+			t.Fatalf("want 1 application, got %d", n)
+		}
+		if !firstReused {
+			// A fresh connection: no transparent retry, the caller sees it.
+			if err == nil || len(recs) != 1 {
+				t.Fatalf("fresh connection: want an error and one request, got %v, %+v", err, recs)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("want the transport's transparent retry to succeed, got %v", err)
+		}
+		if r.LastResponse.Header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("want the replayed response")
+		}
+		if len(recs) != 2 || recs[0].Outcome != stripeemulator.OutcomeDropped || recs[1].Outcome != stripeemulator.OutcomeReplayed ||
+			recs[0].BodySHA256 != recs[1].BodySHA256 {
+			t.Fatalf("want dropped then replayed with the same body, got %+v", recs)
+		}
+		return
 	}
-	e.emu.Script("evt-d", stripeemulator.Answer{Kind: stripeemulator.AnswerDropAfterApply})
-	r, err := e.sc.BillingMeterEvents.New(event("evt-d", custA, "1", epoch))
-	if err != nil {
-		t.Fatalf("want the transport's transparent retry to succeed, got %v", err)
-	}
-	if r.LastResponse.Header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("want the replayed response")
-	}
-	recs := e.emu.RequestsFor("evt-d")
-	if len(recs) != 2 || recs[0].Outcome != stripeemulator.OutcomeDropped || recs[1].Outcome != stripeemulator.OutcomeReplayed {
-		t.Fatalf("want dropped then replayed, got %+v", recs)
-	}
-	if n := e.emu.Applications("evt-d"); n != 1 {
-		t.Fatalf("want 1 application, got %d", n)
-	}
+	t.Fatal("the pooled connection was never reused in 50 tries")
 }
 
 // TestCutAfterApplyOnReusedConnection: unlike a drop, a response cut after

@@ -12,11 +12,12 @@ import (
 
 // TestConcurrentRetriesApplyOnce hammers the emulator from many goroutines
 // with faults on, each item retried with the same key and body until
-// accepted (200 or the duplicate 400): every item is applied exactly once,
+// accepted (200 or the duplicate 400), with 1–3 ms latency so calls for one
+// customer overlap: every item is applied exactly once,
 // and the totals match.
 func TestConcurrentRetriesApplyOnce(t *testing.T) {
 	t.Parallel()
-	f, err := stripeemulator.ParseFaults("drop-after-apply=0.2,http500=0.15,http500-saved=0,http429=0.1")
+	f, err := stripeemulator.ParseFaults("drop-after-apply=0.2,http500=0.15,http429=0.1,latency=1ms-3ms")
 	if err != nil {
 		t.Fatal(err)
 	}
