@@ -1,0 +1,238 @@
+package deliverer
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/aurora-billing/aurora/migrations/dbtest"
+	"github.com/aurora-billing/aurora/shared/identity"
+	"github.com/aurora-billing/aurora/shared/outbox"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+type storeFixture struct {
+	t    *testing.T
+	pool *pgxpool.Pool
+	now  time.Time
+}
+
+func newStore(t *testing.T) *storeFixture {
+	t.Helper()
+	f := &storeFixture{t: t, pool: dbtest.New(t), now: time.Now().UTC().Add(time.Minute).Truncate(time.Microsecond)}
+	f.exec(`INSERT INTO stripe_accounts (account_id, mode, confirmed) VALUES ('acct_s', 'test', true)`)
+	f.exec(`INSERT INTO meter_mappings (destination_account, feature, meter_id, event_name) VALUES ('acct_s', 'api_calls', 'mtr_1', 'api_calls')`)
+	f.exec(`INSERT INTO tenant_billing (tenant, destination_account, stripe_customer) VALUES ('org_s', 'acct_s', 'cus_s')`)
+	return f
+}
+
+func (f *storeFixture) exec(sql string, args ...any) {
+	f.t.Helper()
+	if _, err := f.pool.Exec(context.Background(), sql, args...); err != nil {
+		f.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func (f *storeFixture) stage(ref string) outbox.Row {
+	f.t.Helper()
+	var row outbox.Row
+	err := pgx.BeginFunc(context.Background(), f.pool, func(tx pgx.Tx) error {
+		var err error
+		row, err = outbox.Stage(context.Background(), tx, outbox.Item{
+			Identity: identity.Identity{Tenant: "org_s", SubjectKind: identity.SubjectEvent, SubjectRef: ref,
+				Exporter: outbox.DefaultExporter, DestinationAccount: "acct_s", Mode: identity.ModeTest, MappingVersion: 1},
+			Feature: "api_calls", Quantity: 1, OccurredAt: f.now,
+		})
+		return err
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return row
+}
+
+func (f *storeFixture) claim(row outbox.Row, at time.Time) claimResult {
+	f.t.Helper()
+	r, err := claimItem(context.Background(), f.pool, claimParams{Now: &at, ItemID: row.ID, Dispatch: row.Dispatch,
+		Exporter: row.Exporter, Key: row.IdempotencyKey, Lease: time.Minute})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return r
+}
+
+func (f *storeFixture) get(id int64) outbox.Row {
+	f.t.Helper()
+	r, err := outbox.Get(context.Background(), f.pool, id)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return r
+}
+
+// TestClaimTransitions: pending → leased (token+1, attempts+1,
+// first_attempt_at, lease from the given clock); leased (live) not
+// claimable; leased (expired) → leased with a new token; and every verdict
+// of a message that is not claimed.
+func TestClaimTransitions(t *testing.T) {
+	t.Parallel()
+	f := newStore(t)
+	row := f.stage("event:1")
+
+	r := f.claim(row, f.now)
+	if r.Verdict != verdictClaimed || r.Item.LeaseToken != 1 || r.Item.Attempts != 1 ||
+		!r.Item.FirstAttemptAt.Equal(f.now) || !r.Item.LeaseExpiresAt.Equal(f.now.Add(time.Minute)) {
+		t.Fatalf("first claim %+v", r)
+	}
+	if *r.Item.Ctx.StripeCustomer != "cus_s" || *r.Item.Ctx.MeterID != "mtr_1" || *r.Item.Ctx.CurrentMappingVersion != 1 {
+		t.Fatalf("context %+v", r.Item.Ctx)
+	}
+	if got := f.claim(row, f.now.Add(30*time.Second)); got.Verdict != verdictLeasedLive {
+		t.Fatalf("live lease: %v", got.Verdict)
+	}
+	// expired → reclaimed with a new token; first_attempt_at kept
+	r2 := f.claim(row, f.now.Add(61*time.Second))
+	if r2.Verdict != verdictClaimed || r2.Item.LeaseToken != 2 || r2.Item.Attempts != 2 || !r2.Item.FirstAttemptAt.Equal(f.now) {
+		t.Fatalf("reclaim %+v", r2)
+	}
+	// the first holder's write is stale; the attempt row says so
+	err := recordOutcome(context.Background(), f.pool, record{Item: r.Item, Outcome: OutcomeAccepted})
+	if !errors.Is(err, outbox.ErrStaleLease) {
+		t.Fatalf("stale write: %v", err)
+	}
+	var oc string
+	if err := f.pool.QueryRow(context.Background(), `SELECT outcome FROM outbox_attempts WHERE item_id = $1 AND lease_token = 1`, row.ID).Scan(&oc); err != nil || oc != "stale_lease" {
+		t.Fatalf("attempt 1 outcome %q %v", oc, err)
+	}
+	if f.get(row.ID).State != outbox.StateLeased {
+		t.Fatal("stale write moved the item")
+	}
+	// leased → pending (retry): fenced, dispatch + 1, next_attempt_at = now + delay
+	at := f.now.Add(62 * time.Second)
+	if err := recordOutcome(context.Background(), f.pool, record{Now: &at, Item: r2.Item, Outcome: OutcomeRetry, RetryDelay: 10 * time.Second, LastError: "server_error"}); err != nil {
+		t.Fatal(err)
+	}
+	p := f.get(row.ID)
+	if p.State != outbox.StatePending || p.Dispatch != 2 || !p.NextAttemptAt.Equal(at.Add(10*time.Second)) || p.LeaseExpiresAt != nil || *p.LastError != "server_error" {
+		t.Fatalf("after retry %+v", p)
+	}
+	// the old message (dispatch 1) is stale; the new one is not due yet
+	if got := f.claim(row, at); got.Verdict != verdictStaleDispatch {
+		t.Fatalf("old dispatch: %v", got.Verdict)
+	}
+	if got := f.claim(p, at.Add(time.Second)); got.Verdict != verdictNotDue || !got.NextAttemptAt.Equal(p.NextAttemptAt) {
+		t.Fatalf("not due: %v", got.Verdict)
+	}
+	// row locked by another transaction (e.g. the relay publishing it)
+	tx, err := f.pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(context.Background(), `SELECT 1 FROM outbox_items WHERE id = $1 FOR UPDATE`, row.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.claim(p, at.Add(11*time.Second)); got.Verdict != verdictLocked {
+		t.Fatalf("locked: %v", got.Verdict)
+	}
+	_ = tx.Rollback(context.Background())
+	r3 := f.claim(p, at.Add(11*time.Second))
+	if r3.Verdict != verdictClaimed || r3.Item.LeaseToken != 3 {
+		t.Fatalf("third claim %+v", r3)
+	}
+	if err := recordOutcome(context.Background(), f.pool, record{Item: r3.Item, Outcome: OutcomeAccepted, Result: Result{ProviderRef: "req_1", HTTPStatus: 200, RequestID: "req_1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.claim(p, at.Add(12*time.Second)); got.Verdict != verdictTerminal {
+		t.Fatalf("terminal: %v", got.Verdict)
+	}
+	// wrong key / unknown item
+	bad := p
+	bad.IdempotencyKey = "0000000000000000000000000000000000000000000000000000000000000000"
+	if got := f.claim(bad, at); got.Verdict != verdictMismatch {
+		t.Fatalf("mismatch: %v", got.Verdict)
+	}
+	bad.ID = 999
+	if got := f.claim(bad, at); got.Verdict != verdictNotFound {
+		t.Fatalf("not found: %v", got.Verdict)
+	}
+}
+
+// TestOutcomeTransitions: leased → accepted | uncertain | rejected |
+// quarantined, each fenced; a second write with the same token is stale.
+func TestOutcomeTransitions(t *testing.T) {
+	t.Parallel()
+	f := newStore(t)
+	cases := []struct {
+		out    Outcome
+		reason outbox.Reason
+		state  outbox.State
+	}{
+		{OutcomeAccepted, "", outbox.StateAccepted},
+		{OutcomeUncertain, "", outbox.StateUncertain},
+		{OutcomeRejected, "", outbox.StateRejected},
+		{OutcomeQuarantined, outbox.ReasonCustomerMissing, outbox.StateQuarantined},
+	}
+	for _, c := range cases {
+		row := f.stage("event:" + string(c.out))
+		r := f.claim(row, f.now)
+		if r.Verdict != verdictClaimed {
+			t.Fatalf("%s: %v", c.out, r.Verdict)
+		}
+		rec := record{Item: r.Item, Outcome: c.out, Reason: c.reason, LastError: "x", Result: Result{ProviderRef: "req_9"}}
+		if err := recordOutcome(context.Background(), f.pool, rec); err != nil {
+			t.Fatalf("%s: %v", c.out, err)
+		}
+		got := f.get(row.ID)
+		if got.State != c.state || (c.reason != "" && *got.QuarantineReason != c.reason) {
+			t.Fatalf("%s: %+v", c.out, got)
+		}
+		if (c.out == OutcomeAccepted) != (got.ProviderRef != nil) {
+			t.Fatalf("%s: provider_ref %v", c.out, got.ProviderRef)
+		}
+		if err := recordOutcome(context.Background(), f.pool, rec); !errors.Is(err, outbox.ErrStaleLease) {
+			t.Fatalf("%s: second write %v", c.out, err)
+		}
+	}
+}
+
+// TestDeliverySlot: a second item for the same (account, customer, meter)
+// is not claimed while the first holds the slot; it is once the slot is
+// freed by the outcome write or expires with the lease.
+func TestDeliverySlot(t *testing.T) {
+	t.Parallel()
+	f := newStore(t)
+	a, b := f.stage("event:a"), f.stage("event:b")
+	ra := f.claim(a, f.now)
+	if ra.Verdict != verdictClaimed {
+		t.Fatal(ra.Verdict)
+	}
+	if got := f.claim(b, f.now); got.Verdict != verdictSlotBusy {
+		t.Fatalf("slot busy: %v", got.Verdict)
+	}
+	if got := f.get(b.ID); got.State != outbox.StatePending || got.Attempts != 0 {
+		t.Fatalf("a busy slot must not claim: %+v", got)
+	}
+	if err := recordOutcome(context.Background(), f.pool, record{Item: ra.Item, Outcome: OutcomeAccepted}); err != nil {
+		t.Fatal(err)
+	}
+	rb := f.claim(b, f.now)
+	if rb.Verdict != verdictClaimed {
+		t.Fatalf("after release: %v", rb.Verdict)
+	}
+	c := f.stage("event:c")
+	if got := f.claim(c, f.now.Add(30*time.Second)); got.Verdict != verdictSlotBusy {
+		t.Fatalf("live slot: %v", got.Verdict)
+	}
+	if got := f.claim(c, f.now.Add(61*time.Second)); got.Verdict != verdictClaimed {
+		t.Fatalf("expired slot: %v", got.Verdict)
+	}
+	// An item without a customer takes no slot and is still claimed (it
+	// will be quarantined customer_missing).
+	f.exec(`UPDATE tenant_billing SET stripe_customer = NULL`)
+	d := f.stage("event:d")
+	if got := f.claim(d, f.now); got.Verdict != verdictClaimed || got.Item.hasSlot() {
+		t.Fatalf("no customer: %+v", got)
+	}
+}

@@ -1,0 +1,148 @@
+package deliverer
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aurora-billing/aurora/shared/config"
+	"github.com/aurora-billing/aurora/shared/identity"
+	"github.com/aurora-billing/aurora/shared/outbox"
+)
+
+func TestBackoff(t *testing.T) {
+	t.Parallel()
+	base, cap := 5*time.Second, 900*time.Second
+	tests := []struct {
+		attempts int
+		full     time.Duration
+	}{{0, 5 * time.Second}, {1, 5 * time.Second}, {2, 10 * time.Second}, {3, 20 * time.Second}, {8, 640 * time.Second}, {9, 900 * time.Second}, {200, 900 * time.Second}}
+	for _, tt := range tests {
+		lo := Backoff(tt.attempts, base, cap, func() float64 { return 0 })
+		hi := Backoff(tt.attempts, base, cap, func() float64 { return 0.999999 })
+		if lo != tt.full/2 || hi > tt.full || hi < tt.full-time.Millisecond {
+			t.Errorf("attempts %d: [%s, %s], want [%s, %s]", tt.attempts, lo, hi, tt.full/2, tt.full)
+		}
+	}
+	for range 1000 {
+		if d := Backoff(3, base, cap, nil); d < 10*time.Second || d > 20*time.Second {
+			t.Fatalf("jitter out of range: %s", d)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	c := DefaultConfig()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var loaded Config
+	if err := config.LoadFrom(&loaded, map[string]string{}); err != nil || loaded.FilterSubject != DefaultFilterSubject() || loaded.Concurrency != ConcurrencyDefault {
+		t.Fatalf("load defaults: %+v %v", loaded, err)
+	}
+	bad := []struct {
+		env map[string]string
+		v   string
+	}{
+		{map[string]string{"AURORA_DELIVERER_CONCURRENCY": "0"}, "AURORA_DELIVERER_CONCURRENCY"},
+		{map[string]string{"AURORA_DELIVERER_FILTER_SUBJECT": "other.>"}, "AURORA_DELIVERER_FILTER_SUBJECT"},
+		{map[string]string{"AURORA_DELIVERER_CONSUMER": "a.b"}, "AURORA_DELIVERER_CONSUMER"},
+		{map[string]string{"AURORA_STRIPE_TIMEOUT_SECONDS": "120"}, "AURORA_STRIPE_TIMEOUT_SECONDS"},
+		{map[string]string{"AURORA_DELIVERER_ACK_WAIT_SECONDS": "1"}, "AURORA_DELIVERER_ACK_WAIT_SECONDS"},
+		{map[string]string{"AURORA_UNCERTAINTY_HORIZON_SECONDS": "86400"}, "AURORA_UNCERTAINTY_HORIZON_SECONDS"},
+		{map[string]string{"AURORA_DELIVERER_BUSY_DELAY_MS": "x"}, "AURORA_DELIVERER_BUSY_DELAY_MS"},
+	}
+	for _, b := range bad {
+		var c Config
+		err := config.LoadFrom(&c, b.env)
+		var re *config.RangeError
+		if !errors.Is(err, config.ErrInvalid) || !errors.As(err, &re) || !strings.Contains(err.Error(), b.v) {
+			t.Errorf("%v: got %v", b.env, err)
+		}
+	}
+}
+
+func TestOptionsRefuse(t *testing.T) {
+	t.Parallel()
+	for _, o := range []Option{WithAckWait(time.Millisecond), WithLease(0), WithBusyDelay(0), WithProviderTimeout(-1), WithJitter(nil), WithLogger(nil), WithRegisterer(nil)} {
+		if err := o(&Deliverer{}); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("got %v", err)
+		}
+	}
+}
+
+// TestPreSendOrder: the checks fire in the documented order; the first
+// failure names the reason.
+func TestPreSendOrder(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	s := func(v string) *string { return &v }
+	b := func(v bool) *bool { return &v }
+	v := func(n int32) *int32 { return &n }
+	ok := sendContext{AccountMode: s("test"), AccountConfirmed: b(true), StripeCustomer: s("cus"), MeterID: s("m"), EventName: s("e"), CurrentMappingVersion: v(1)}
+	item := checkItem{SubjectKind: identity.SubjectEvent, Mode: identity.ModeTest, MappingVersion: 1, Quantity: 1, OccurredAt: now, PeriodStart: now}
+	if f := preSend(item, ok, identity.ModeTest, now); f != nil {
+		t.Fatalf("clean item: %+v", f)
+	}
+	wm := now.Add(time.Hour)
+	tests := []struct {
+		name string
+		mut  func(*checkItem, *sendContext) identity.Mode
+		want outbox.Reason
+	}{
+		{"everything wrong", func(i *checkItem, c *sendContext) identity.Mode {
+			*c = sendContext{}
+			i.Quantity = -1
+			return identity.ModeLive
+		}, outbox.ReasonAccountUnconfirmed},
+		{"key mode", func(i *checkItem, c *sendContext) identity.Mode { c.StripeCustomer = nil; return identity.ModeLive }, outbox.ReasonModeMismatch},
+		{"unmapped before customer", func(i *checkItem, c *sendContext) identity.Mode {
+			c.MeterID, c.StripeCustomer = nil, nil
+			return identity.ModeTest
+		}, outbox.ReasonFeatureUnmapped},
+		{"buffered", func(i *checkItem, c *sendContext) identity.Mode { c.Watermark = &wm; return identity.ModeTest }, outbox.ReasonPeriodBuffered},
+		{"window not buffered for usage windows", func(i *checkItem, c *sendContext) identity.Mode {
+			c.Watermark = &wm
+			i.SubjectKind = identity.SubjectUsageWindow
+			i.OccurredAt = now.Add(5*time.Minute + time.Second)
+			return identity.ModeTest
+		}, outbox.ReasonTimestampOutsideWindow},
+		{"35 days", func(i *checkItem, c *sendContext) identity.Mode {
+			i.OccurredAt = now.Add(-TimestampMaxAge - time.Second)
+			return identity.ModeTest
+		}, outbox.ReasonTimestampOutsideWindow},
+		{"negative", func(i *checkItem, c *sendContext) identity.Mode { i.Quantity = -1; return identity.ModeTest }, outbox.ReasonNegativeQuantity},
+	}
+	for _, tt := range tests {
+		it, sc := item, ok
+		km := tt.mut(&it, &sc)
+		f := preSend(it, sc, km, now)
+		if f == nil || f.Reason != tt.want {
+			t.Errorf("%s: got %+v, want %s", tt.name, f, tt.want)
+		}
+	}
+	// boundaries are inside the window
+	edge := item
+	edge.OccurredAt = now.Add(-TimestampMaxAge)
+	if f := preSend(edge, ok, identity.ModeTest, now); f != nil {
+		t.Errorf("exactly 35 days: %+v", f)
+	}
+	edge.OccurredAt = now.Add(TimestampMaxFuture)
+	if f := preSend(edge, ok, identity.ModeTest, now); f != nil {
+		t.Errorf("exactly +5 min: %+v", f)
+	}
+}
+
+func TestSanitize(t *testing.T) {
+	t.Parallel()
+	for _, r := range []Result{{Outcome: OutcomeStaleLease}, {Outcome: "bogus"}, {Outcome: OutcomeQuarantined, Reason: "nope"}} {
+		if got := sanitize(r); got.Outcome != OutcomeUncertain {
+			t.Errorf("%+v → %+v", r, got)
+		}
+	}
+	if got := sanitize(Result{Outcome: OutcomeQuarantined, Reason: outbox.ReasonCustomerMissing}); got.Outcome != OutcomeQuarantined {
+		t.Error(got)
+	}
+}
