@@ -161,6 +161,8 @@ type Emulator struct {
 
 	scripts map[string][]Answer
 
+	execHook func(identifier string) // tests only (export_test.go): runs as a meter event starts executing
+
 	counts          map[Outcome]int
 	requests        []RequestRecord
 	requestsDropped int

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -250,22 +251,44 @@ func TestIdempotencyKeyExpiresWithClock(t *testing.T) {
 	}
 }
 
+// hold makes the meter event with identifier id wait, once executing (its
+// (customer, meter) slot held, its key running), until release is called.
+func hold(e *env, id string) (entered <-chan struct{}, release func()) {
+	in := make(chan struct{}, 1)
+	gate := make(chan struct{})
+	stripeemulator.SetExecHook(e.emu, func(got string) {
+		if got == id {
+			in <- struct{}{}
+			<-gate
+		}
+	})
+	var once sync.Once
+	rel := func() { once.Do(func() { close(gate) }) }
+	e.t.Cleanup(rel)
+	return in, rel
+}
+
 func TestIdempotencyKeyInUse(t *testing.T) {
 	t.Parallel()
 	// The limiter off, so the second call reaches the idempotency layer
 	// while the first still executes under the same key.
-	e := newEnv(t, stripeemulator.Config{AllowConcurrent: true, Faults: stripeemulator.Faults{Latency: 300 * time.Millisecond}})
+	e := newEnv(t, stripeemulator.Config{AllowConcurrent: true})
+	entered, release := hold(e, "evt-a")
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.sc.BillingMeterEvents.New(event("evt-a", custA, "1", epoch))
 		done <- err
 	}()
-	waitFor(t, func() bool { return e.emu.Stats().Executing == 1 })
+	<-entered
+	if st := e.emu.Stats(); st.Executing != 1 || st.InFlight != 1 {
+		t.Fatalf("want one executing call, got %+v", st)
+	}
 	_, err := e.sc.BillingMeterEvents.New(event("evt-a", custA, "1", epoch))
 	se := stripeErr(t, err)
 	if se.HTTPStatusCode != http.StatusConflict || string(se.Code) != stripeemulator.CodeIdempotencyKeyInUse {
 		t.Fatalf("want 409 idempotency_key_in_use, got %d %q", se.HTTPStatusCode, se.Code)
 	}
+	release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -277,41 +300,46 @@ func TestIdempotencyKeyInUse(t *testing.T) {
 	if n := e.emu.Applications("evt-a"); n != 1 {
 		t.Fatalf("want 1 application, got %d", n)
 	}
+	if c := e.emu.Counts(); c[stripeemulator.OutcomeKeyInUse] != 1 || c[stripeemulator.OutcomeOverlap] != 0 {
+		t.Fatalf("counts %v", c)
+	}
 }
 
 func TestOverlapPerCustomerAndMeter(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, stripeemulator.Config{Faults: stripeemulator.Faults{Latency: 200 * time.Millisecond}})
+	e := newEnv(t, stripeemulator.Config{})
+	entered, release := hold(e, "evt-1")
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.sc.BillingMeterEvents.New(event("evt-1", custA, "1", epoch))
 		done <- err
 	}()
-	waitFor(t, func() bool { return e.emu.Stats().InFlight == 1 })
+	<-entered
 
 	// Another customer on the same meter is free.
-	other := make(chan error, 1)
-	go func() {
-		_, err := e.sc.BillingMeterEvents.New(event("evt-3", custB, "1", epoch))
-		other <- err
-	}()
-	// The same (customer, meter): 429 rate_limit, counted.
+	if _, err := e.sc.BillingMeterEvents.New(event("evt-3", custB, "1", epoch)); err != nil {
+		t.Fatalf("other customer: %v", err)
+	}
+	// The same (customer, meter): 429 rate_limit, counted, not processed.
 	_, err := e.sc.BillingMeterEvents.New(event("evt-2", custA, "1", epoch))
 	se := stripeErr(t, err)
 	if se.HTTPStatusCode != http.StatusTooManyRequests || string(se.Code) != stripeemulator.CodeRateLimit {
 		t.Fatalf("want 429 rate_limit, got %d %q", se.HTTPStatusCode, se.Code)
 	}
+	// Also with the same key as the running call: the limiter answers first.
+	_, err = e.sc.BillingMeterEvents.New(event("evt-1", custA, "1", epoch))
+	if se := stripeErr(t, err); se.HTTPStatusCode != http.StatusTooManyRequests {
+		t.Fatalf("want 429 before the idempotency layer, got %d", se.HTTPStatusCode)
+	}
+	release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if err := <-other; err != nil {
-		t.Fatal(err)
+	if got := e.emu.Overlaps(); got != 2 {
+		t.Fatalf("want 2 overlaps, got %d", got)
 	}
-	if got := e.emu.Overlaps(); got != 1 {
-		t.Fatalf("want 1 overlap, got %d", got)
-	}
-	if got := e.emu.OverlapsFor(eventName, custA); got != 1 {
-		t.Fatalf("want 1 overlap for cus_A, got %d", got)
+	if got := e.emu.OverlapsFor(eventName, custA); got != 2 {
+		t.Fatalf("want 2 overlaps for cus_A, got %d", got)
 	}
 	if got := e.emu.OverlapsFor(eventName, custB); got != 0 {
 		t.Fatalf("want 0 overlaps for cus_B, got %d", got)
@@ -323,20 +351,40 @@ func TestOverlapPerCustomerAndMeter(t *testing.T) {
 	if n := len(e.emu.Applied()); n != 3 {
 		t.Fatalf("want 3 applied, got %d", n)
 	}
+	if st := e.emu.Stats(); st.InFlight != 0 || st.Executing != 0 {
+		t.Fatalf("slots leaked: %+v", st)
+	}
+}
+
+// Sequential calls never overlap, however fast they follow each other: the
+// slot is released before the answer is written.
+func TestSequentialCallsNeverOverlap(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stripeemulator.Config{})
+	for i := range 200 {
+		if _, err := e.sc.BillingMeterEvents.New(event("seq-"+itoa(int64(i)), custA, "1", epoch)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := e.emu.Overlaps(); got != 0 {
+		t.Fatalf("want 0 overlaps, got %d", got)
+	}
 }
 
 func TestAllowConcurrentStillCounts(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, stripeemulator.Config{AllowConcurrent: true, Faults: stripeemulator.Faults{Latency: 200 * time.Millisecond}})
+	e := newEnv(t, stripeemulator.Config{AllowConcurrent: true})
+	entered, release := hold(e, "evt-1")
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.sc.BillingMeterEvents.New(event("evt-1", custA, "1", epoch))
 		done <- err
 	}()
-	waitFor(t, func() bool { return e.emu.Stats().InFlight == 1 })
+	<-entered
 	if _, err := e.sc.BillingMeterEvents.New(event("evt-2", custA, "1", epoch)); err != nil {
 		t.Fatalf("want accepted with AllowConcurrent, got %v", err)
 	}
+	release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
