@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/aurora-billing/aurora/deliverer"
+	"github.com/aurora-billing/aurora/deliverer/stripeexport"
+	"github.com/aurora-billing/aurora/shared/config"
+	"github.com/aurora-billing/aurora/shared/ops"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+)
+
+// delivererConfig is `aurora deliverer`'s configuration (AURORA_* variables).
+type delivererConfig struct {
+	config.Database
+	config.NATS
+	deliverer.Config
+	Stripe stripeexport.Config
+	// DBConns: Postgres connections of the pool (each item needs two short
+	// statements; calls hold none). AURORA_DELIVERER_DB_CONNS, default 16,
+	// 2..256.
+	DBConns int `env:"DELIVERER_DB_CONNS" envDefault:"16"`
+	// HTTPAddr serves /healthz, /readyz and /metrics.
+	// AURORA_DELIVERER_HTTP_ADDR, default 127.0.0.1:9102; empty disables it.
+	HTTPAddr string `env:"DELIVERER_HTTP_ADDR" envDefault:"127.0.0.1:9102"`
+}
+
+// Validate checks every part, naming the variable and its range.
+func (c *delivererConfig) Validate() error {
+	var addr error
+	if c.HTTPAddr != "" {
+		if _, port, err := net.SplitHostPort(c.HTTPAddr); err != nil || port == "" {
+			addr = &config.RangeError{Var: config.Prefix + "DELIVERER_HTTP_ADDR", Value: c.HTTPAddr, Allowed: "host:port or empty"}
+		}
+	}
+	return errors.Join(c.Database.Validate(), c.NATS.Validate(), c.Config.Validate(), c.Stripe.Validate(),
+		config.IntRange("DELIVERER_DB_CONNS", c.DBConns, 2, 256, "connections"), addr)
+}
+
+func newDelivererCmd() *cobra.Command {
+	var validate bool
+	cmd := &cobra.Command{
+		Use:   "deliverer",
+		Short: "Claim outbox items from AURORA_OUTBOX, send them to Stripe meter events, record outcomes",
+		Long: `The deliverer is stateless: run any number of replicas on one durable pull consumer.
+For each message it claims the row in Postgres (FOR UPDATE SKIP LOCKED, lease_token+1), runs
+the pre-send checks, sends the meter event with identifier = Idempotency-Key = the item's key,
+classifies Stripe's answer with one table and records the outcome fenced by lease_token.
+At most one call is in flight per (account, customer, meter) across all replicas.
+See docs/deliverer.md.
+
+Configuration: AURORA_DATABASE_URL, AURORA_NATS_URL, AURORA_STRIPE_API_KEY (never printed),
+AURORA_STRIPE_API_BASE, AURORA_STRIPE_TIMEOUT_SECONDS, AURORA_OUTBOX_LEASE_SECONDS,
+AURORA_OUTBOX_MAX_ATTEMPTS, AURORA_OUTBOX_BACKOFF_BASE_SECONDS, AURORA_OUTBOX_BACKOFF_CAP_SECONDS,
+AURORA_UNCERTAINTY_HORIZON_SECONDS, AURORA_DELIVERER_CONCURRENCY, AURORA_DELIVERER_CONSUMER,
+AURORA_DELIVERER_FILTER_SUBJECT, AURORA_DELIVERER_ACK_WAIT_SECONDS, AURORA_DELIVERER_BUSY_DELAY_MS,
+AURORA_DELIVERER_SHUTDOWN_SECONDS, AURORA_DELIVERER_DB_CONNS, AURORA_DELIVERER_HTTP_ADDR.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var cfg delivererConfig
+			if err := config.Load(&cfg); err != nil {
+				return err
+			}
+			if validate {
+				fmt.Fprintf(cmd.OutOrStdout(), "configuration valid: database=%s nats=%s stripe_api_base=%s stripe_key_mode=%s stripe_timeout_seconds=%d lease_seconds=%d max_attempts=%d backoff_base_seconds=%d backoff_cap_seconds=%d horizon_seconds=%d concurrency=%d consumer=%s filter_subject=%s ack_wait_seconds=%d busy_delay_ms=%d shutdown_seconds=%d db_conns=%d http_addr=%q\n",
+					redactURL(cfg.Database.URL), redactURL(cfg.NATS.URL), redactURL(cfg.Stripe.APIBase), stripeexport.KeyMode(cfg.Stripe.APIKey),
+					cfg.ProviderTimeoutSeconds, cfg.LeaseSeconds, cfg.MaxAttempts, cfg.BackoffBaseSeconds, cfg.BackoffCapSeconds,
+					cfg.UncertaintyHorizonSeconds, cfg.Concurrency, cfg.Consumer, cfg.FilterSubject, cfg.AckWaitSeconds,
+					cfg.BusyDelayMillis, cfg.ShutdownSeconds, cfg.DBConns, cfg.HTTPAddr)
+				return nil
+			}
+			return runDeliverer(cmd.Context(), cfg)
+		},
+	}
+	cmd.Flags().BoolVar(&validate, "validate", false, "check the configuration and exit")
+	return cmd
+}
+
+func runDeliverer(ctx context.Context, cfg delivererConfig) error {
+	log := logger()
+	pcfg, err := pgxpool.ParseConfig(cfg.Database.URL)
+	if err != nil {
+		return fmt.Errorf("deliverer: database: %w", err)
+	}
+	pcfg.MaxConns = int32(cfg.DBConns)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("deliverer: database: %w", err)
+	}
+	defer pool.Close()
+
+	nc, err := nats.Connect(cfg.NATS.URL,
+		nats.Name("aurora-deliverer"),
+		nats.MaxReconnects(-1), // an outage is waited out, never fatal
+		nats.RetryOnFailedConnect(true),
+		nats.ReconnectWait(time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("deliverer: NATS disconnected", "err", err) }),
+		nats.ReconnectHandler(func(*nats.Conn) { log.Info("deliverer: NATS reconnected") }),
+	)
+	if err != nil {
+		return fmt.Errorf("deliverer: nats: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("deliverer: jetstream: %w", err)
+	}
+	exp, err := stripeexport.New(cfg.Stripe, time.Duration(cfg.ProviderTimeoutSeconds)*time.Second, cfg.Concurrency)
+	if err != nil {
+		return err
+	}
+	reg := ops.NewRegistry()
+	d, err := deliverer.New(pool, js, exp, cfg.Config, deliverer.WithRegisterer(reg), deliverer.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	checks := []ops.Check{
+		{Name: "postgres", Fn: func(ctx context.Context) error { return pool.Ping(ctx) }},
+		{Name: "nats", Fn: func(context.Context) error {
+			if !nc.IsConnected() {
+				return errors.New("not connected")
+			}
+			return nil
+		}},
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return ops.Serve(gctx, cfg.HTTPAddr, ops.Handler(reg, checks...)) })
+	g.Go(func() error { return d.Run(gctx) })
+	return g.Wait()
+}
