@@ -44,6 +44,7 @@ func run(ctx context.Context, args []string) int {
 		newProbeCmd(),
 		newDemoCmd(),
 		// subcommands: add one line each, below this marker
+		newDelivererCmd(),
 		newRelayCmd(),
 		newReporterCmd(),
 		newInboxCmd(),
