@@ -41,6 +41,7 @@ type pipeline struct {
 	pool *pgxpool.Pool
 	clk  *clock.Manual
 	emu  *stripeemulator.Emulator
+	url  string // the emulator's base URL
 	api  *client.API
 	gate usage.Gate
 	seq  int
@@ -51,6 +52,14 @@ type pipeline struct {
 
 func newPipeline(t *testing.T, start time.Time) *pipeline {
 	t.Helper()
+	return newPipelineOn(t, dbtest.New(t), start)
+}
+
+// newPipelineOn provisions, through the same code paths an operator uses,
+// a confirmed test account, the api_calls meter and customers for org_a and
+// org_b in an emulator whose clock is the test's manual clock.
+func newPipelineOn(t *testing.T, pool *pgxpool.Pool, start time.Time) *pipeline {
+	t.Helper()
 	ctx := context.Background()
 	clk := clock.NewManual(start)
 	emu, err := stripeemulator.New(stripeemulator.Config{Now: clk.Now})
@@ -59,7 +68,7 @@ func newPipeline(t *testing.T, start time.Time) *pipeline {
 	}
 	srv := httptest.NewServer(emu)
 	t.Cleanup(srv.Close)
-	p := &pipeline{t: t, pool: dbtest.New(t), clk: clk, emu: emu,
+	p := &pipeline{t: t, pool: pool, clk: clk, emu: emu, url: srv.URL,
 		api:      provision.NewAPI("sk_test_cutover", srv.URL, srv.Client()),
 		gate:     usage.Gate{Recorder: rec},
 		recorded: map[string]int64{}}
