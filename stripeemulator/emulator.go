@@ -88,6 +88,12 @@ type Config struct {
 	// AllowConcurrent turns off live mode's one-concurrent-call-per-
 	// (customer, meter) rule. Defaults to false (enforced).
 	AllowConcurrent bool
+	// BeforeExecute, when set, is called with the identifier as a meter
+	// event starts executing: its (customer, meter) slot is held and its
+	// Idempotency-Key is running. Blocking in it holds the call in flight,
+	// so tests can stage overlaps, lease takeovers and key-in-use answers
+	// without timing. Defaults to nil.
+	BeforeExecute func(identifier string)
 	// RequestLogLimit: request records kept (oldest dropped first).
 	// Defaults to RequestLogLimitDefault.
 	RequestLogLimit int
@@ -160,8 +166,6 @@ type Emulator struct {
 	overlapsPair map[pairKey]int
 
 	scripts map[string][]Answer
-
-	execHook func(identifier string) // tests only (export_test.go): runs as a meter event starts executing
 
 	counts          map[Outcome]int
 	requests        []RequestRecord

@@ -149,11 +149,8 @@ func (e *Emulator) handleMeterEventCreate(c *call) reply {
 	ran := false
 	rp := e.idempotent(c, func() executed {
 		ran = true
-		e.mu.Lock()
-		hook := e.execHook
-		e.mu.Unlock()
-		if hook != nil {
-			hook(identifier)
+		if e.cfg.BeforeExecute != nil {
+			e.cfg.BeforeExecute(identifier)
 		}
 		if latency > 0 {
 			time.Sleep(latency)

@@ -251,35 +251,45 @@ func TestIdempotencyKeyExpiresWithClock(t *testing.T) {
 	}
 }
 
-// hold makes the meter event with identifier id wait, once executing (its
-// (customer, meter) slot held, its key running), until release is called.
-func hold(e *env, id string) (entered <-chan struct{}, release func()) {
-	in := make(chan struct{}, 1)
-	gate := make(chan struct{})
-	stripeemulator.SetExecHook(e.emu, func(got string) {
-		if got == id {
-			in <- struct{}{}
-			<-gate
-		}
-	})
-	var once sync.Once
-	rel := func() { once.Do(func() { close(gate) }) }
-	e.t.Cleanup(rel)
-	return in, rel
+// holder holds the meter event with one identifier in flight (slot held,
+// key running) from Config.BeforeExecute until release.
+type holder struct {
+	id      string
+	entered chan struct{}
+	gate    chan struct{}
+	once    sync.Once
 }
+
+func newHolder(t *testing.T, id string) *holder {
+	h := &holder{id: id, entered: make(chan struct{}, 1), gate: make(chan struct{})}
+	t.Cleanup(h.release)
+	return h
+}
+
+func (h *holder) hook(identifier string) {
+	if identifier == h.id {
+		select {
+		case h.entered <- struct{}{}:
+		default: // a later execution of the same identifier
+		}
+		<-h.gate
+	}
+}
+
+func (h *holder) release() { h.once.Do(func() { close(h.gate) }) }
 
 func TestIdempotencyKeyInUse(t *testing.T) {
 	t.Parallel()
 	// The limiter off, so the second call reaches the idempotency layer
 	// while the first still executes under the same key.
-	e := newEnv(t, stripeemulator.Config{AllowConcurrent: true})
-	entered, release := hold(e, "evt-a")
+	h := newHolder(t, "evt-a")
+	e := newEnv(t, stripeemulator.Config{AllowConcurrent: true, BeforeExecute: h.hook})
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.sc.BillingMeterEvents.New(event("evt-a", custA, "1", epoch))
 		done <- err
 	}()
-	<-entered
+	<-h.entered
 	if st := e.emu.Stats(); st.Executing != 1 || st.InFlight != 1 {
 		t.Fatalf("want one executing call, got %+v", st)
 	}
@@ -288,7 +298,7 @@ func TestIdempotencyKeyInUse(t *testing.T) {
 	if se.HTTPStatusCode != http.StatusConflict || string(se.Code) != stripeemulator.CodeIdempotencyKeyInUse {
 		t.Fatalf("want 409 idempotency_key_in_use, got %d %q", se.HTTPStatusCode, se.Code)
 	}
-	release()
+	h.release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -307,14 +317,14 @@ func TestIdempotencyKeyInUse(t *testing.T) {
 
 func TestOverlapPerCustomerAndMeter(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, stripeemulator.Config{})
-	entered, release := hold(e, "evt-1")
+	h := newHolder(t, "evt-1")
+	e := newEnv(t, stripeemulator.Config{BeforeExecute: h.hook})
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.sc.BillingMeterEvents.New(event("evt-1", custA, "1", epoch))
 		done <- err
 	}()
-	<-entered
+	<-h.entered
 
 	// Another customer on the same meter is free.
 	if _, err := e.sc.BillingMeterEvents.New(event("evt-3", custB, "1", epoch)); err != nil {
@@ -331,7 +341,7 @@ func TestOverlapPerCustomerAndMeter(t *testing.T) {
 	if se := stripeErr(t, err); se.HTTPStatusCode != http.StatusTooManyRequests {
 		t.Fatalf("want 429 before the idempotency layer, got %d", se.HTTPStatusCode)
 	}
-	release()
+	h.release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -373,18 +383,18 @@ func TestSequentialCallsNeverOverlap(t *testing.T) {
 
 func TestAllowConcurrentStillCounts(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, stripeemulator.Config{AllowConcurrent: true})
-	entered, release := hold(e, "evt-1")
+	h := newHolder(t, "evt-1")
+	e := newEnv(t, stripeemulator.Config{AllowConcurrent: true, BeforeExecute: h.hook})
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.sc.BillingMeterEvents.New(event("evt-1", custA, "1", epoch))
 		done <- err
 	}()
-	<-entered
+	<-h.entered
 	if _, err := e.sc.BillingMeterEvents.New(event("evt-2", custA, "1", epoch)); err != nil {
 		t.Fatalf("want accepted with AllowConcurrent, got %v", err)
 	}
-	release()
+	h.release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
