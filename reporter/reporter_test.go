@@ -3,6 +3,8 @@ package reporter_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -24,7 +26,8 @@ var (
 )
 
 func newReporter(pool *pgxpool.Pool, clk clock.Clock, sources usage.Sources) *reporter.Reporter {
-	return &reporter.Reporter{Pool: pool, Recorder: rec, Clock: clk, Sources: sources, BatchSize: 2}
+	return &reporter.Reporter{Pool: pool, Recorder: rec, Clock: clk, Sources: sources, BatchSize: 2,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
 func increment(t *testing.T, pool *pgxpool.Pool, tenant string, at time.Time, n int64) {
