@@ -570,3 +570,26 @@ func TestPassLogsOneAggregateLineWithoutCustomerData(t *testing.T) {
 		t.Fatalf("log line:\n%s", logs)
 	}
 }
+
+func TestRunPollsUntilCanceled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	w := NewWorker(e.pool, WorkerConfig{BatchSize: 1, Poll: 10 * time.Millisecond, Clock: e.clk})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	for i := 0; i < 3; i++ {
+		e.deliver(encode(t, envelope(t, fmt.Sprintf("evt_run_%d", i), "charge.succeeded", "2020-08-27", t0, map[string]any{"id": "ch_1"})))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for e.count(`SELECT count(*) FROM billing_events WHERE processed_at IS NOT NULL`) != 3 {
+		if time.Now().After(deadline) {
+			t.Fatal("Run did not process the events")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
