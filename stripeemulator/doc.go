@@ -33,8 +33,13 @@
 // customer, a missing or non-numeric value and an out-of-window timestamp
 // are answered synchronously with 400 and the code Stripe would later put in
 // a meter error report (`no_meter`, `meter_event_customer_not_found`, …),
-// instead of 200 now and an asynchronous report; summaries are immediately
-// consistent.
+// instead of 200 now and an asynchronous report (Config.AsyncValidation
+// restores Stripe's way); summaries are immediately consistent.
+//
+// Faults (latency, 429, 500 saved or not, drop or cut after apply, timeout)
+// are injected deterministically from a seed, and scripted answers can be
+// queued per identifier; see Faults, ParseFaults, Emulator.Script and
+// docs/stripe-emulator.md.
 //
 // Invariants the tests rely on: every effectively applied event is recorded
 // (Applied); an identifier applied twice is counted (DuplicateApplications,

@@ -205,16 +205,16 @@ func (e *Emulator) RequestsFor(identifier string) []RequestRecord {
 // Stats is a summary for the demo and `GET /_emulator/stats`. It carries
 // no customer id and no payload.
 type Stats struct {
-	Requests              uint64             `json:"requests"`
-	Outcomes              map[Outcome]int    `json:"outcomes"`
-	Applied               int                `json:"applied"`
-	Cancelled             int                `json:"cancelled"`
-	AppliedTotals         map[string]float64 `json:"applied_totals"`
-	DuplicateApplications int                `json:"duplicate_applications"`
-	Overlaps              int                `json:"overlaps"`
-	InFlight              int                `json:"in_flight"`
-	Executing             int                `json:"executing"`
-	Faults                string             `json:"faults"`
+	Requests              uint64             `json:"requests"`               // all requests answered (or dropped)
+	Outcomes              map[Outcome]int    `json:"outcomes"`               // requests per outcome
+	Applied               int                `json:"applied"`                // applied meter events, cancelled included
+	Cancelled             int                `json:"cancelled"`              // of which cancelled
+	AppliedTotals         map[string]float64 `json:"applied_totals"`         // per event_name, cancelled excluded
+	DuplicateApplications int                `json:"duplicate_applications"` // identifiers applied more than once
+	Overlaps              int                `json:"overlaps"`               // concurrent calls per (customer, meter)
+	InFlight              int                `json:"in_flight"`              // meter event calls holding a (customer, meter) slot now
+	Executing             int                `json:"executing"`              // calls executing under an Idempotency-Key now
+	Faults                string             `json:"faults"`                 // the random faults, ParseFaults syntax
 }
 
 // Stats returns the current summary.
