@@ -37,7 +37,8 @@ two decisions. Moving a scheduled watermark is a recovery action (reschedule), w
 state you read, a reason and evidence, recorded whether it applies or is refused.`,
 	}
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print JSON on stdout")
-	cmd.AddCommand(newCutoverScheduleCmd(&asJSON), newCutoverStatusCmd(&asJSON), newCutoverRescheduleCmd(&asJSON))
+	cmd.AddCommand(newCutoverScheduleCmd(&asJSON), newCutoverStatusCmd(&asJSON), newCutoverRescheduleCmd(&asJSON),
+		newCutoverActionsCmd(&asJSON))
 	return cmd
 }
 
@@ -293,5 +294,52 @@ func newCutoverRescheduleCmd(asJSON *bool) *cobra.Command {
 	for _, f := range []string{"feature", "at", "expect-watermark", "expect-version", "reason", "evidence"} {
 		_ = cmd.MarkFlagRequired(f)
 	}
+	return cmd
+}
+
+func newCutoverActionsCmd(asJSON *bool) *cobra.Command {
+	var feature, tenant string
+	cmd := &cobra.Command{
+		Use:     "actions",
+		Short:   "List every reschedule call on a cutover, applied or refused",
+		Example: `  auroractl cutover actions --feature api_calls --json`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			pool, err := openPool(cmd)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			acts, err := cutover.Actions(cmd.Context(), pool, tenant, feature)
+			if err != nil {
+				return cutoverExit(err, feature, tenant)
+			}
+			out := cmd.OutOrStdout()
+			if *asJSON {
+				if acts == nil {
+					acts = []cutover.Action{}
+				}
+				return cutoverWriteJSON(out, map[string]any{"feature": feature, "tenant": tenant, "actions": acts})
+			}
+			if len(acts) == 0 {
+				fmt.Fprintf(out, "no recorded calls for the cutover of %s, %s\n", feature, tenantLabel(tenant))
+				return nil
+			}
+			w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ID\tAT\tACTOR\tRESULT\tEXPECTED\tOBSERVED\tREASON\tEVIDENCE")
+			for _, a := range acts {
+				result := "applied"
+				if a.Refusal != nil {
+					result = "refused: " + *a.Refusal
+				}
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.At.UTC().Format(time.RFC3339), a.Actor, result,
+					a.Expected, a.Observed, a.Reason, a.Evidence)
+			}
+			return w.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&feature, "feature", "", "feature, e.g. api_calls (required)")
+	cmd.Flags().StringVar(&tenant, "tenant", "", "the tenant's own cutover; default the all-tenants cutover")
+	_ = cmd.MarkFlagRequired("feature")
 	return cmd
 }

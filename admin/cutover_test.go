@@ -104,4 +104,9 @@ func TestCutoverCommands(t *testing.T) {
 	if n := count(`SELECT count(*) FROM recovery_actions WHERE NOT applied AND refusal = 'expected_state_mismatch'`); n != 1 {
 		t.Fatalf("%d refused actions, want 1", n)
 	}
+
+	code, out, _ = runCtl(t, env, "cutover", "actions", "--feature", "api_calls")
+	if code != ExitOK || !strings.Contains(out, "applied") || !strings.Contains(out, "refused: expected_state_mismatch") {
+		t.Fatalf("actions: %d %q", code, out)
+	}
 }

@@ -221,6 +221,10 @@ func TestRescheduleAppliedAndRefused(t *testing.T) {
 			t.Errorf("action %d: %v", i, a)
 		}
 	}
+	listed, err := cutover.Actions(ctx, pool, "", "api_calls")
+	if err != nil || len(listed) != 3 || !listed[0].Applied || listed[1].Refusal == nil || *listed[1].Refusal != cutover.RefusalExpectedStateMismatch {
+		t.Fatalf("Actions: %+v %v", listed, err)
+	}
 	subject, _ := json.Marshal(got[0]["subject"])
 	if string(subject) != `{"feature":"api_calls","tenant":""}` {
 		t.Errorf("subject %s", subject)
