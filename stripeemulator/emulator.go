@@ -484,7 +484,8 @@ func (e *Emulator) SetFaults(f Faults) error {
 }
 
 // Script queues answers for the next meter event requests carrying
-// identifier, consumed one per request in order, ahead of random faults.
+// identifier, consumed one per request in order (requests refused by the
+// concurrency limiter consume none), ahead of random faults.
 // When the queue is empty requests are answered normally (random faults
 // apply again).
 func (e *Emulator) Script(identifier string, answers ...Answer) {

@@ -15,9 +15,10 @@ import (
 // probabilities in 0..1 whose sum is at most 1; each request draws one
 // uniform number and falls into at most one fault.
 //
-// Decisions are deterministic: the n-th request carrying identifier X draws
-// from SHA-256(seed, X, n), so the same seed and the same per-identifier
-// request sequence give the same faults however requests interleave.
+// Decisions are deterministic: the n-th request carrying identifier X that
+// passes the concurrency limiter draws from SHA-256(seed, X, n), so the same
+// seed and the same per-identifier request sequence give the same faults
+// however requests interleave.
 type Faults struct {
 	// Latency is added to every meter event request, while the (customer,
 	// meter) concurrency slot is held. Zero: none.
