@@ -18,6 +18,8 @@ var (
 	// ErrNATSUnavailable: the NATS connection is not up; the worker backs
 	// off without claiming rows until it reconnects.
 	ErrNATSUnavailable = errors.New("relay: NATS connection not established")
+	// ErrAlreadyRun: Run was called a second time on the same Relay.
+	ErrAlreadyRun = errors.New("relay: Run called twice")
 	// ErrNilDependency: New was given a nil pool or JetStream context.
 	ErrNilDependency = errors.New("relay: nil dependency")
 )

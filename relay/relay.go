@@ -126,6 +126,8 @@ type Relay struct {
 	// streamMissing: a publish found no stream for its subject (an operator
 	// deleted it); the next batch ensures the stream first.
 	streamMissing atomic.Bool
+	// started guards Run against a second call.
+	started atomic.Bool
 }
 
 // New returns a relay over pool (the outbox database) and js (a JetStream
@@ -186,9 +188,13 @@ func (r *Relay) Checks() []ops.Check {
 // publishes until ctx ends. It returns nil after a graceful stop: the
 // batches in progress finish (PubAcks awaited, marks committed) before it
 // returns. It returns an error wrapping ErrStreamConfig when JetStream
-// refuses the stream configuration. Postgres or NATS outages never end Run:
-// the relay backs off and retries, losing nothing. Call Run once.
+// refuses the stream configuration, and ErrAlreadyRun on a second call.
+// Postgres or NATS outages never end Run: the relay backs off and retries,
+// losing nothing.
 func (r *Relay) Run(ctx context.Context) error {
+	if !r.started.CompareAndSwap(false, true) {
+		return ErrAlreadyRun
+	}
 	if err := r.ensureStream(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil

@@ -63,6 +63,9 @@ func TestEnsureStreamRefusals(t *testing.T) {
 	if err := r.Run(rctx); !errors.Is(err, ErrStreamConfig) {
 		t.Fatalf("Run: %v, want ErrStreamConfig", err)
 	}
+	if err := r.Run(rctx); !errors.Is(err, ErrAlreadyRun) {
+		t.Fatalf("second Run: %v, want ErrAlreadyRun", err)
+	}
 }
 
 // An operator deletes the stream under a running relay: publishes find no
