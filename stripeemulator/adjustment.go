@@ -68,6 +68,8 @@ func (e *Emulator) handleAdjustmentCreate(c *call) reply {
 			return executed{reply: errReply(invalidRequest(CodeAdjustmentWindowPassed, "cancel[identifier]", "Meter events can only be cancelled within %s of being received.", e.cfg.CancelWindow), OutcomeInvalid)}
 		}
 		ev.Cancelled, ev.CancelledAt = true, now
+		e.cancelledN++
+		e.totals[ev.EventName] -= ev.Value
 		body := adjustmentJSON{Object: "billing.meter_event_adjustment", EventName: eventName, Livemode: c.livemode, Status: "pending", Type: "cancel"}
 		body.Cancel.Identifier = identifier
 		return executed{reply: jsonReply(http.StatusOK, body, OutcomeOK), save: true}

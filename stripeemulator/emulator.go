@@ -162,6 +162,10 @@ type Emulator struct {
 	idemQueue []idemQueued
 
 	inflight     map[pairKey]int
+	inflightN    int                // sum of inflight
+	executingN   int                // idem entries running
+	cancelledN   int                // applied events cancelled
+	totals       map[string]float64 // AppliedTotals, kept as events apply and cancel
 	overlaps     int
 	overlapsPair map[pairKey]int
 
@@ -214,6 +218,7 @@ func New(cfg Config) (*Emulator, error) {
 		byPair:       map[pairKey][]int{},
 		idem:         map[string]*idemEntry{},
 		inflight:     map[pairKey]int{},
+		totals:       map[string]float64{},
 		overlapsPair: map[pairKey]int{},
 		scripts:      map[string][]Answer{},
 		counts:       map[Outcome]int{},

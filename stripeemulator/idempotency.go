@@ -49,12 +49,14 @@ func (e *Emulator) idempotent(c *call, exec func() executed) reply {
 	}
 	en := &idemEntry{fingerprint: fp, running: true}
 	e.idem[scope] = en
+	e.executingN++
 	e.mu.Unlock()
 
 	res := exec()
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.executingN--
 	if !res.save {
 		if e.idem[scope] == en {
 			delete(e.idem, scope)

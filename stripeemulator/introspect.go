@@ -124,13 +124,27 @@ func (e *Emulator) Applied() []AppliedEvent {
 func (e *Emulator) AppliedTotals() map[string]float64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	out := map[string]float64{}
-	for _, ev := range e.events {
-		if !ev.Cancelled {
-			out[ev.EventName] += ev.Value
-		}
+	out := make(map[string]float64, len(e.totals))
+	for k, v := range e.totals {
+		out[k] = v
 	}
 	return out
+}
+
+// AppliedCount returns len(Applied()) without copying: applied meter
+// events, cancelled included. O(1), cheap to poll.
+func (e *Emulator) AppliedCount() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.events)
+}
+
+// InFlight returns the meter event calls holding a (customer, meter) slot
+// now. O(1), cheap to poll.
+func (e *Emulator) InFlight() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.inflightN
 }
 
 // DuplicateApplications returns the identifiers applied more than once (in
@@ -217,30 +231,19 @@ type Stats struct {
 	Faults                string             `json:"faults"`                 // the random faults, ParseFaults syntax
 }
 
-// Stats returns the current summary.
+// Stats returns the current summary. Its cost does not grow with the
+// number of events (counters are kept as requests happen), so it is cheap
+// to poll.
 func (e *Emulator) Stats() Stats {
 	totals := e.AppliedTotals()
 	counts := e.Counts()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s := Stats{
-		Requests: e.seq, Outcomes: counts, Applied: len(e.events), AppliedTotals: totals,
-		DuplicateApplications: len(e.duplicates), Overlaps: e.overlaps, Faults: e.faults.String(),
+	return Stats{
+		Requests: e.seq, Outcomes: counts, Applied: len(e.events), Cancelled: e.cancelledN, AppliedTotals: totals,
+		DuplicateApplications: len(e.duplicates), Overlaps: e.overlaps, InFlight: e.inflightN, Executing: e.executingN,
+		Faults: e.faults.String(),
 	}
-	for _, ev := range e.events {
-		if ev.Cancelled {
-			s.Cancelled++
-		}
-	}
-	for _, n := range e.inflight {
-		s.InFlight += n
-	}
-	for _, en := range e.idem {
-		if en.running {
-			s.Executing++
-		}
-	}
-	return s
 }
 
 // handleStats serves Stats as JSON, unauthenticated (no secrets, no

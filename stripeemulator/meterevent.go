@@ -71,6 +71,7 @@ func (e *Emulator) handleMeterEventCreate(c *call) reply {
 				}
 			}
 			e.inflight[pk]++
+			e.inflightN++
 			holding = true
 		}
 	}
@@ -95,6 +96,7 @@ func (e *Emulator) handleMeterEventCreate(c *call) reply {
 	release := func() {
 		if holding {
 			e.mu.Lock()
+			e.inflightN--
 			if e.inflight[pk]--; e.inflight[pk] <= 0 {
 				delete(e.inflight, pk)
 			}
@@ -248,6 +250,7 @@ func (e *Emulator) applyMeterEvent(c *call, eventName, identifier string, payloa
 	idx := len(e.events)
 	e.events = append(e.events, AppliedEvent{Identifier: identifier, EventName: m.EventName, MeterID: m.ID,
 		Customer: cust, Value: value, Timestamp: at, ReceivedAt: now})
+	e.totals[m.EventName] += value
 	st.applications++
 	st.last = idx
 	e.ids[identifier] = st

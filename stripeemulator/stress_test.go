@@ -80,7 +80,7 @@ func TestConcurrentRetriesApplyOnce(t *testing.T) {
 	if c[stripeemulator.OutcomeDropped] == 0 || c[stripeemulator.OutcomeServerError] == 0 || c[stripeemulator.OutcomeOverlap] == 0 {
 		t.Fatalf("the faults and the limiter were not exercised: %v", c)
 	}
-	if e.emu.Stats().InFlight != 0 {
-		t.Fatalf("slots leaked: %+v", e.emu.Stats())
+	if st := e.emu.Stats(); st.InFlight != 0 || st.Executing != 0 || e.emu.InFlight() != 0 || st.Applied != e.emu.AppliedCount() {
+		t.Fatalf("slots or keys leaked: %+v", st)
 	}
 }
