@@ -108,6 +108,7 @@ func (c *Config) Validate() error {
 type settings struct {
 	lease           time.Duration
 	maxAttempts     int
+	batch           int
 	backoffBase     time.Duration
 	backoffCap      time.Duration
 	horizon         time.Duration
@@ -126,6 +127,7 @@ func (c Config) settings() settings {
 	return settings{
 		lease:           sec(c.LeaseSeconds),
 		maxAttempts:     c.MaxAttempts,
+		batch:           c.BatchSize,
 		backoffBase:     sec(c.BackoffBaseSeconds),
 		backoffCap:      sec(c.BackoffCapSeconds),
 		horizon:         sec(c.UncertaintyHorizonSeconds),

@@ -128,6 +128,9 @@ type Deliverer struct {
 	mu       sync.Mutex
 	stopping bool
 	wg       sync.WaitGroup
+
+	claims  chan claimCall
+	records chan recordCall
 }
 
 // New returns a Deliverer over db (a *pgxpool.Pool), js and exp with the
@@ -140,7 +143,8 @@ func New(db DB, js jetstream.JetStream, exp Exporter, cfg Config, opts ...Option
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	d := &Deliverer{db: db, js: js, exp: exp, s: cfg.settings(), log: slog.Default(), clock: clock.DB{}, rnd: rand.Float64}
+	d := &Deliverer{db: db, js: js, exp: exp, s: cfg.settings(), log: slog.Default(), clock: clock.DB{}, rnd: rand.Float64,
+		claims: make(chan claimCall), records: make(chan recordCall)}
 	for _, o := range opts {
 		if err := o(d); err != nil {
 			return nil, err
@@ -189,6 +193,14 @@ func (d *Deliverer) Run(ctx context.Context) error {
 	}
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
+	stopBatches := make(chan struct{})
+	var batches sync.WaitGroup
+	for range batchRunners {
+		batches.Add(2)
+		go func() { defer batches.Done(); d.runClaims(stopBatches) }()
+		go func() { defer batches.Done(); d.runRecords(stopBatches) }()
+	}
+	defer func() { close(stopBatches); batches.Wait() }()
 	sem := make(chan struct{}, d.s.concurrency)
 	d.mu.Lock()
 	d.stopping = false
@@ -287,10 +299,7 @@ func (d *Deliverer) handle(ctx context.Context, msg jetstream.Msg) {
 	stopBeat := d.heartbeat(msg)
 	defer stopBeat()
 
-	cr, err := claimItem(ctx, d.db, claimParams{
-		Now: d.clock.Override(), ItemID: m.ItemID, Dispatch: m.Dispatch,
-		Exporter: d.exp.Name(), Key: m.Key, Lease: d.s.lease,
-	})
+	cr, err := d.claim(ctx, claimParams{ItemID: m.ItemID, Dispatch: m.Dispatch, Key: m.Key})
 	if err != nil {
 		d.m.errors.WithLabelValues("claim").Inc()
 		d.log.Error("deliverer: claim failed; message delayed", "item", m.ItemID, "err", err)
@@ -388,10 +397,7 @@ func (d *Deliverer) attempt(ctx context.Context, msg jetstream.Msg, cr claimResu
 			}
 		}
 	}
-	rec.Now = d.clock.Override()
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	err := recordOutcome(wctx, d.db, rec)
+	err := d.record(rec)
 	switch {
 	case err == nil:
 		d.m.outcomes.WithLabelValues(string(rec.Outcome), string(rec.Reason)).Inc()

@@ -16,6 +16,7 @@ import (
 // *pgx.Conn in tests).
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
@@ -86,28 +87,35 @@ type claimResult struct {
 	Item           claimed // set when Verdict == verdictClaimed
 }
 
-// claimSQL claims one item by id in one statement (one round trip):
+// claimSQL claims a batch of items by id in one statement (one round trip
+// for the whole batch):
 //
-//   - peek reads the row as it was (for the verdict when nothing is claimed);
-//   - cand locks it with FOR UPDATE SKIP LOCKED if it is claimable: the
+//   - req is the batch: (id, dispatch, key) per message, ids unique;
+//   - peek reads the rows as they were (for the verdict when nothing is
+//     claimed);
+//   - cand locks the claimable ones with FOR UPDATE SKIP LOCKED: the
 //     message's dispatch, exporter and key, and pending-and-due or
 //     leased-with-expired-lease, by the clock $1;
-//   - ctx reads its account, customer, mapping and cutover watermark;
-//   - slot takes the (account, customer, meter) delivery slot when it is free
-//     or expired (ON CONFLICT … DO UPDATE … WHERE expires_at < now);
-//   - upd leases the row (lease_token+1, attempts+1, first_attempt_at,
-//     lease_expires_at = now + lease) unless the slot was needed and busy;
-//   - att opens the attempt row (outcome NULL until recorded).
+//   - ctx reads each one's account, customer, mapping and cutover watermark;
+//   - want picks one contender per (account, customer, meter) in the batch
+//     (the lowest id), in key order so concurrent batches lock slots in the
+//     same order;
+//   - slot takes the delivery slot when it is free or expired
+//     (ON CONFLICT … DO UPDATE … WHERE expires_at < now);
+//   - upd leases the rows (lease_token+1, attempts+1, first_attempt_at,
+//     lease_expires_at = now + lease) that need no slot or got theirs;
+//   - att opens one attempt row per lease (outcome NULL until recorded).
 const claimSQL = `
 WITH clk AS (SELECT coalesce($1::timestamptz, now()) AS now),
+req AS (SELECT * FROM unnest($2::bigint[], $3::int[], $4::text[]) AS r(id, dispatch, key)),
 peek AS (
-    SELECT id, state, dispatch, exporter, idempotency_key, next_attempt_at, lease_expires_at
-    FROM outbox_items WHERE id = $2
+    SELECT o.id, o.state, o.dispatch, o.exporter, o.idempotency_key, o.next_attempt_at, o.lease_expires_at
+    FROM outbox_items o JOIN req ON req.id = o.id
 ),
 cand AS MATERIALIZED (
     SELECT i.id, i.tenant, i.destination_account, i.feature, i.lease_token
-    FROM outbox_items i, clk
-    WHERE i.id = $2 AND i.dispatch = $3 AND i.exporter = $4 AND i.idempotency_key = $5
+    FROM outbox_items i JOIN req r ON r.id = i.id CROSS JOIN clk
+    WHERE i.dispatch = r.dispatch AND i.exporter = $5 AND i.idempotency_key = r.key
       AND ((i.state = 'pending' AND i.next_attempt_at <= clk.now)
         OR (i.state = 'leased' AND i.lease_expires_at < clk.now))
     FOR UPDATE OF i SKIP LOCKED
@@ -126,11 +134,18 @@ ctx AS MATERIALIZED (
         ORDER BY u.tenant = '' LIMIT 1
     ) w ON true
 ),
+want AS (
+    SELECT DISTINCT ON (c.destination_account, x.stripe_customer, x.meter_id)
+           c.id, c.destination_account, x.stripe_customer, x.meter_id, c.lease_token
+    FROM cand c JOIN ctx x ON x.id = c.id
+    WHERE x.stripe_customer IS NOT NULL AND x.meter_id IS NOT NULL
+    ORDER BY c.destination_account, x.stripe_customer, x.meter_id, c.id
+),
 slot AS (
     INSERT INTO delivery_slots AS s (destination_account, stripe_customer, meter_id, item_id, lease_token, expires_at)
-    SELECT c.destination_account, x.stripe_customer, x.meter_id, c.id, c.lease_token + 1, clk.now + $6::interval
-    FROM cand c JOIN ctx x ON x.id = c.id CROSS JOIN clk
-    WHERE x.stripe_customer IS NOT NULL AND x.meter_id IS NOT NULL
+    SELECT w.destination_account, w.stripe_customer, w.meter_id, w.id, w.lease_token + 1, clk.now + $6::interval
+    FROM want w CROSS JOIN clk
+    ORDER BY w.destination_account, w.stripe_customer, w.meter_id
     ON CONFLICT (destination_account, stripe_customer, meter_id) DO UPDATE
         SET item_id = excluded.item_id, lease_token = excluded.lease_token, expires_at = excluded.expires_at
         WHERE s.expires_at < coalesce($1::timestamptz, now())
@@ -145,7 +160,7 @@ upd AS (
         lease_expires_at = clk.now + $6::interval
     FROM cand c JOIN ctx x ON x.id = c.id CROSS JOIN clk
     WHERE o.id = c.id
-      AND (x.stripe_customer IS NULL OR x.meter_id IS NULL OR EXISTS (SELECT 1 FROM slot))
+      AND (x.stripe_customer IS NULL OR x.meter_id IS NULL OR c.id IN (SELECT item_id FROM slot))
     RETURNING o.id, o.lease_token, o.attempts, o.first_attempt_at, o.lease_expires_at, o.destination_account,
               o.subject_kind, o.mode, o.mapping_version, o.quantity, o.occurred_at, o.period_start
 ),
@@ -153,16 +168,18 @@ att AS (
     INSERT INTO outbox_attempts (item_id, attempt, lease_token, started_at)
     SELECT u.id, u.attempts, u.lease_token, clk.now FROM upd u CROSS JOIN clk
 )
-SELECT clk.now, p.id IS NOT NULL, p.state, p.dispatch, p.exporter, p.idempotency_key, p.next_attempt_at, p.lease_expires_at,
-       EXISTS (SELECT 1 FROM cand),
+SELECT r.id, clk.now, p.id IS NOT NULL, p.state, p.dispatch, p.exporter, p.idempotency_key, p.next_attempt_at, p.lease_expires_at,
+       c.id IS NOT NULL,
        u.id IS NOT NULL, u.lease_token, u.attempts, u.first_attempt_at, u.lease_expires_at, u.destination_account,
        u.subject_kind, u.mode, u.mapping_version, u.quantity, u.occurred_at, u.period_start,
        x.account_mode, x.account_confirmed, x.stripe_customer, x.meter_id, x.event_name, x.customer_key, x.value_key,
        x.current_mapping_version, x.watermark
-FROM clk
-LEFT JOIN peek p ON true
-LEFT JOIN upd u ON true
-LEFT JOIN ctx x ON true`
+FROM req r
+CROSS JOIN clk
+LEFT JOIN peek p ON p.id = r.id
+LEFT JOIN cand c ON c.id = r.id
+LEFT JOIN upd u ON u.id = r.id
+LEFT JOIN ctx x ON x.id = r.id`
 
 // claimParams names the message and the lease to take.
 type claimParams struct {
@@ -174,62 +191,108 @@ type claimParams struct {
 	Lease    time.Duration
 }
 
-// claimItem runs claimSQL and decides the verdict.
+// claimItem claims one item (a batch of one).
 func claimItem(ctx context.Context, db DB, p claimParams) (claimResult, error) {
-	var (
-		r                        claimResult
-		found, gotRow, leased    bool
-		state, exporter, key     *string
-		dispatch                 *int32
-		nextAttempt              *time.Time
-		peekLeaseExp             *time.Time
-		token                    *int64
-		attempts, mappingVersion *int32
-		firstAttempt, leaseExp   *time.Time
-		account, kind, mode      *string
-		quantity                 *int64
-		occurredAt, periodStart  *time.Time
-		sc                       sendContext
-	)
-	err := db.QueryRow(ctx, claimSQL, p.Now, p.ItemID, p.Dispatch, p.Exporter, p.Key, p.Lease).Scan(
-		&r.Now, &found, &state, &dispatch, &exporter, &key, &nextAttempt, &peekLeaseExp,
-		&gotRow,
-		&leased, &token, &attempts, &firstAttempt, &leaseExp, &account,
-		&kind, &mode, &mappingVersion, &quantity, &occurredAt, &periodStart,
-		&sc.AccountMode, &sc.AccountConfirmed, &sc.StripeCustomer, &sc.MeterID, &sc.EventName, &sc.CustomerKey, &sc.ValueKey,
-		&sc.CurrentMappingVersion, &sc.Watermark)
+	rs, err := claimItems(ctx, db, p.Now, p.Exporter, p.Lease, []claimParams{p})
 	if err != nil {
-		return claimResult{}, fmt.Errorf("deliverer: claim item %d: %w", p.ItemID, err)
+		return claimResult{}, err
 	}
-	if !found {
-		r.Verdict = verdictNotFound
-		return r, nil
+	return rs[0], nil
+}
+
+// claimItems runs claimSQL for ps (item ids must be unique; Now, Exporter
+// and Lease are taken from the arguments) and returns one result per
+// request, in order.
+func claimItems(ctx context.Context, db DB, now *time.Time, exporter string, lease time.Duration, ps []claimParams) ([]claimResult, error) {
+	ids := make([]int64, len(ps))
+	dispatches := make([]int32, len(ps))
+	keys := make([]string, len(ps))
+	for i, p := range ps {
+		ids[i], dispatches[i], keys[i] = p.ItemID, p.Dispatch, p.Key
 	}
-	r.State = outbox.State(*state)
-	r.NextAttemptAt = *nextAttempt
-	r.LeaseExpiresAt = peekLeaseExp
-	switch {
-	case leased:
-		r.Verdict = verdictClaimed
-		r.Item = claimed{
-			ItemID: p.ItemID, Key: p.Key, LeaseToken: *token, Attempts: *attempts,
-			FirstAttemptAt: *firstAttempt, LeaseExpiresAt: *leaseExp, Account: *account,
-			Item: checkItem{
-				SubjectKind: identity.SubjectKind(*kind), Mode: identity.Mode(*mode), MappingVersion: *mappingVersion,
-				Quantity: *quantity, OccurredAt: *occurredAt, PeriodStart: *periodStart,
-			},
-			Ctx: sc,
+	rows, err := db.Query(ctx, claimSQL, now, ids, dispatches, keys, exporter, lease)
+	if err != nil {
+		return nil, fmt.Errorf("deliverer: claim %d items: %w", len(ps), err)
+	}
+	defer rows.Close()
+	byID := make(map[int64]claimResult, len(ps))
+	for rows.Next() {
+		var (
+			id                       int64
+			r                        claimResult
+			found, gotRow, leased    bool
+			state, exp, key          *string
+			dispatch                 *int32
+			nextAttempt              *time.Time
+			peekLeaseExp             *time.Time
+			token                    *int64
+			attempts, mappingVersion *int32
+			firstAttempt, leaseExp   *time.Time
+			account, kind, mode      *string
+			quantity                 *int64
+			occurredAt, periodStart  *time.Time
+			sc                       sendContext
+		)
+		err := rows.Scan(&id,
+			&r.Now, &found, &state, &dispatch, &exp, &key, &nextAttempt, &peekLeaseExp,
+			&gotRow,
+			&leased, &token, &attempts, &firstAttempt, &leaseExp, &account,
+			&kind, &mode, &mappingVersion, &quantity, &occurredAt, &periodStart,
+			&sc.AccountMode, &sc.AccountConfirmed, &sc.StripeCustomer, &sc.MeterID, &sc.EventName, &sc.CustomerKey, &sc.ValueKey,
+			&sc.CurrentMappingVersion, &sc.Watermark)
+		if err != nil {
+			return nil, fmt.Errorf("deliverer: claim: scan: %w", err)
 		}
-	case *exporter != p.Exporter || *key != p.Key:
-		r.Verdict = verdictMismatch
-	case *dispatch != p.Dispatch:
-		r.Verdict = verdictStaleDispatch
-	case gotRow:
-		r.Verdict = verdictSlotBusy
-	default:
-		r.Verdict = stateVerdict(r.State, r.NextAttemptAt, r.LeaseExpiresAt, r.Now)
+		var p claimParams
+		for _, q := range ps {
+			if q.ItemID == id {
+				p = q
+				break
+			}
+		}
+		if !found {
+			r.Verdict = verdictNotFound
+			byID[id] = r
+			continue
+		}
+		r.State = outbox.State(*state)
+		r.NextAttemptAt = *nextAttempt
+		r.LeaseExpiresAt = peekLeaseExp
+		switch {
+		case leased:
+			r.Verdict = verdictClaimed
+			r.Item = claimed{
+				ItemID: id, Key: p.Key, LeaseToken: *token, Attempts: *attempts,
+				FirstAttemptAt: *firstAttempt, LeaseExpiresAt: *leaseExp, Account: *account,
+				Item: checkItem{
+					SubjectKind: identity.SubjectKind(*kind), Mode: identity.Mode(*mode), MappingVersion: *mappingVersion,
+					Quantity: *quantity, OccurredAt: *occurredAt, PeriodStart: *periodStart,
+				},
+				Ctx: sc,
+			}
+		case *exp != exporter || *key != p.Key:
+			r.Verdict = verdictMismatch
+		case *dispatch != p.Dispatch:
+			r.Verdict = verdictStaleDispatch
+		case gotRow:
+			r.Verdict = verdictSlotBusy
+		default:
+			r.Verdict = stateVerdict(r.State, r.NextAttemptAt, r.LeaseExpiresAt, r.Now)
+		}
+		byID[id] = r
 	}
-	return r, nil
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("deliverer: claim %d items: %w", len(ps), err)
+	}
+	out := make([]claimResult, len(ps))
+	for i, p := range ps {
+		r, ok := byID[p.ItemID]
+		if !ok {
+			return nil, fmt.Errorf("deliverer: claim: no answer for item %d", p.ItemID)
+		}
+		out[i] = r
+	}
+	return out, nil
 }
 
 // stateVerdict explains why a row of the message's dispatch was not claimed.
@@ -263,88 +326,135 @@ type record struct {
 	Result     Result
 }
 
-// recordSQL leaves leased in one statement (one round trip), fenced by
-// state = 'leased' AND lease_token = $3: the item moves to $4 (a retry to
-// pending with next_attempt_at = now + $6 and dispatch + 1, so the relay
-// publishes a new generation once due); the delivery slot is freed if this
-// lease still holds it; the attempt row gets its outcome, or stale_lease when
-// the fenced update matched zero rows. Returns whether the item moved.
+// recordSQL leaves leased for a batch in one statement (one round trip),
+// each row fenced by state = 'leased' AND lease_token = its token: the item
+// moves to its state (a retry to pending with next_attempt_at = now + delay
+// and dispatch + 1, so the relay publishes a new generation once due); the
+// delivery slot is freed if this lease still holds it (slots locked in key
+// order, like the claim); the attempt row gets its outcome, or stale_lease
+// when the fenced update matched zero rows. Returns the ids that moved.
 const recordSQL = `
 WITH clk AS (SELECT coalesce($1::timestamptz, now()) AS now),
+rec AS (
+    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::interval[], $7::text[], $8::text[],
+                         $9::text[], $10::text[], $11::text[], $12::text[], $13::int[], $14::text[], $15::text[], $16::text[])
+        AS r(id, token, state, reason, delay, last_error, provider_ref, acct, cust, meter, outcome, http_status, request_id, code, msg)
+),
 upd AS (
     UPDATE outbox_items o SET
-        state = $4,
-        quarantine_reason = $5,
+        state = r.state,
+        quarantine_reason = r.reason,
         lease_expires_at = NULL,
-        next_attempt_at = CASE WHEN $4 = 'pending' THEN clk.now + $6::interval ELSE o.next_attempt_at END,
-        dispatch = CASE WHEN $4 = 'pending' THEN o.dispatch + 1 ELSE o.dispatch END,
-        last_error = coalesce($7, o.last_error),
-        provider_ref = coalesce($8, o.provider_ref)
-    FROM clk
-    WHERE o.id = $2 AND o.state = 'leased' AND o.lease_token = $3
+        next_attempt_at = CASE WHEN r.state = 'pending' THEN clk.now + r.delay ELSE o.next_attempt_at END,
+        dispatch = CASE WHEN r.state = 'pending' THEN o.dispatch + 1 ELSE o.dispatch END,
+        last_error = coalesce(r.last_error, o.last_error),
+        provider_ref = coalesce(r.provider_ref, o.provider_ref)
+    FROM rec r CROSS JOIN clk
+    WHERE o.id = r.id AND o.state = 'leased' AND o.lease_token = r.token
     RETURNING o.id
+),
+held AS (
+    SELECT s.destination_account, s.stripe_customer, s.meter_id
+    FROM delivery_slots s JOIN rec r
+      ON s.destination_account = r.acct AND s.stripe_customer = r.cust AND s.meter_id = r.meter
+     AND s.item_id = r.id AND s.lease_token = r.token
+    ORDER BY 1, 2, 3
+    FOR UPDATE OF s
 ),
 rel AS (
     UPDATE delivery_slots s SET item_id = NULL, lease_token = 0, expires_at = '-infinity'
-    WHERE s.destination_account = $9 AND s.stripe_customer = $10 AND s.meter_id = $11
-      AND s.item_id = $2 AND s.lease_token = $3
+    FROM held h
+    WHERE (s.destination_account, s.stripe_customer, s.meter_id) = (h.destination_account, h.stripe_customer, h.meter_id)
 ),
 att AS (
     UPDATE outbox_attempts a SET
         finished_at = clk.now,
-        outcome = CASE WHEN EXISTS (SELECT 1 FROM upd) THEN $12 ELSE 'stale_lease' END,
-        http_status = $13, stripe_request_id = $14, error_code = $15, error_message = $16
-    FROM clk
-    WHERE a.item_id = $2 AND a.lease_token = $3
+        outcome = CASE WHEN r.id IN (SELECT id FROM upd) THEN r.outcome ELSE 'stale_lease' END,
+        http_status = r.http_status, stripe_request_id = r.request_id, error_code = r.code, error_message = r.msg
+    FROM rec r CROSS JOIN clk
+    WHERE a.item_id = r.id AND a.lease_token = r.token
 )
-SELECT EXISTS (SELECT 1 FROM upd)`
+SELECT id FROM upd`
 
-// recordOutcome writes r. A fenced update of zero rows returns
+// recordOutcome writes one record. A fenced update of zero rows returns
 // outbox.ErrStaleLease (the attempt row says stale_lease; nothing else
 // changed).
 func recordOutcome(ctx context.Context, db DB, r record) error {
-	var reason, lastErr, ref, reqID, code, msg *string
-	if r.Outcome == OutcomeQuarantined {
-		s := string(r.Reason)
-		reason = &s
-	}
-	if r.LastError != "" {
-		s := truncate(r.LastError, 500)
-		lastErr = &s
-	}
-	if r.Outcome == OutcomeAccepted && r.Result.ProviderRef != "" {
-		ref = &r.Result.ProviderRef
-	}
-	if r.Result.RequestID != "" {
-		reqID = &r.Result.RequestID
-	}
-	if r.Result.ErrorCode != "" {
-		code = &r.Result.ErrorCode
-	}
-	if r.Result.Message != "" {
-		s := truncate(r.Result.Message, 500)
-		msg = &s
-	}
-	var status *int
-	if r.Result.HTTPStatus != 0 {
-		status = &r.Result.HTTPStatus
-	}
-	var acct, cust, meter *string
-	if r.Item.hasSlot() {
-		acct, cust, meter = &r.Item.Account, r.Item.Ctx.StripeCustomer, r.Item.Ctx.MeterID
-	}
-	var moved bool
-	err := db.QueryRow(ctx, recordSQL, r.Now, r.Item.ItemID, r.Item.LeaseToken,
-		string(r.Outcome.nextState()), reason, r.RetryDelay, lastErr, ref,
-		acct, cust, meter,
-		string(r.Outcome), status, reqID, code, msg).Scan(&moved)
+	errs, err := recordOutcomes(ctx, db, r.Now, []record{r})
 	if err != nil {
-		return fmt.Errorf("deliverer: record outcome of item %d: %w", r.Item.ItemID, err)
+		return err
 	}
-	if !moved {
-		return fmt.Errorf("item %d lease_token %d: %w", r.Item.ItemID, r.Item.LeaseToken, outbox.ErrStaleLease)
+	return errs[0]
+}
+
+// recordOutcomes writes rs in one statement (item ids unique; now is the
+// clock override for all). It returns one error per record: nil, or
+// outbox.ErrStaleLease; the second return is a database error for the batch.
+func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record) ([]error, error) {
+	n := len(rs)
+	ids, tokens := make([]int64, n), make([]int64, n)
+	states, outcomes := make([]string, n), make([]string, n)
+	delays := make([]time.Duration, n)
+	reasons, lastErrs, refs, accts, custs, meters, reqIDs, codes, msgs := make([]*string, n), make([]*string, n), make([]*string, n),
+		make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
+	statuses := make([]*int32, n)
+	for i, r := range rs {
+		ids[i], tokens[i] = r.Item.ItemID, r.Item.LeaseToken
+		states[i], outcomes[i] = string(r.Outcome.nextState()), string(r.Outcome)
+		delays[i] = r.RetryDelay
+		if r.Outcome == OutcomeQuarantined {
+			s := string(r.Reason)
+			reasons[i] = &s
+		}
+		if r.LastError != "" {
+			s := truncate(r.LastError, 500)
+			lastErrs[i] = &s
+		}
+		if r.Outcome == OutcomeAccepted && r.Result.ProviderRef != "" {
+			s := r.Result.ProviderRef
+			refs[i] = &s
+		}
+		if r.Result.RequestID != "" {
+			s := r.Result.RequestID
+			reqIDs[i] = &s
+		}
+		if r.Result.ErrorCode != "" {
+			s := r.Result.ErrorCode
+			codes[i] = &s
+		}
+		if r.Result.Message != "" {
+			s := truncate(r.Result.Message, 500)
+			msgs[i] = &s
+		}
+		if r.Result.HTTPStatus != 0 {
+			st := int32(r.Result.HTTPStatus)
+			statuses[i] = &st
+		}
+		if r.Item.hasSlot() {
+			a := r.Item.Account
+			accts[i], custs[i], meters[i] = &a, r.Item.Ctx.StripeCustomer, r.Item.Ctx.MeterID
+		}
 	}
-	return nil
+	rows, err := db.Query(ctx, recordSQL, now, ids, tokens, states, reasons, delays, lastErrs, refs,
+		accts, custs, meters, outcomes, statuses, reqIDs, codes, msgs)
+	if err != nil {
+		return nil, fmt.Errorf("deliverer: record %d outcomes: %w", n, err)
+	}
+	moved, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("deliverer: record %d outcomes: %w", n, err)
+	}
+	ok := make(map[int64]bool, len(moved))
+	for _, id := range moved {
+		ok[id] = true
+	}
+	out := make([]error, n)
+	for i, r := range rs {
+		if !ok[r.Item.ItemID] {
+			out[i] = fmt.Errorf("item %d lease_token %d: %w", r.Item.ItemID, r.Item.LeaseToken, outbox.ErrStaleLease)
+		}
+	}
+	return out, nil
 }
 
 func truncate(s string, n int) string {

@@ -236,3 +236,54 @@ func TestDeliverySlot(t *testing.T) {
 		t.Fatalf("no customer: %+v", got)
 	}
 }
+
+// TestClaimBatch: one statement claims many items; two items of the same
+// (account, customer, meter) in one batch get one slot between them; the
+// outcome batch frees the slots and fences each row.
+func TestClaimBatch(t *testing.T) {
+	t.Parallel()
+	f := newStore(t)
+	f.exec(`INSERT INTO tenant_billing (tenant, destination_account, stripe_customer) VALUES ('org_t', 'acct_s', 'cus_t')`)
+	a, b := f.stage("event:a"), f.stage("event:b")
+	var c outbox.Row
+	err := pgx.BeginFunc(context.Background(), f.pool, func(tx pgx.Tx) error {
+		var err error
+		c, err = outbox.Stage(context.Background(), tx, outbox.Item{
+			Identity: identity.Identity{Tenant: "org_t", SubjectKind: identity.SubjectEvent, SubjectRef: "event:c",
+				Exporter: outbox.DefaultExporter, DestinationAccount: "acct_s", Mode: identity.ModeTest, MappingVersion: 1},
+			Feature: "api_calls", Quantity: 1, OccurredAt: f.now,
+		})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := []claimParams{}
+	for _, r := range []outbox.Row{b, a, c} {
+		ps = append(ps, claimParams{ItemID: r.ID, Dispatch: r.Dispatch, Key: r.IdempotencyKey})
+	}
+	rs, err := claimItems(context.Background(), f.pool, &f.now, outbox.DefaultExporter, time.Minute, ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// b and a share the slot: the lower id (a) wins it; c has its own.
+	if rs[0].Verdict != verdictSlotBusy || rs[1].Verdict != verdictClaimed || rs[2].Verdict != verdictClaimed {
+		t.Fatalf("verdicts %v %v %v", rs[0].Verdict, rs[1].Verdict, rs[2].Verdict)
+	}
+	stale := rs[1].Item
+	stale.LeaseToken = 99
+	errs, err := recordOutcomes(context.Background(), f.pool, &f.now, []record{
+		{Item: rs[1].Item, Outcome: OutcomeAccepted},
+		{Item: rs[2].Item, Outcome: OutcomeRetry, RetryDelay: time.Second},
+	})
+	if err != nil || errs[0] != nil || errs[1] != nil {
+		t.Fatalf("%v %v", errs, err)
+	}
+	if got := f.claim(b, f.now); got.Verdict != verdictClaimed {
+		t.Fatalf("b after a freed the slot: %v", got.Verdict)
+	}
+	errs, err = recordOutcomes(context.Background(), f.pool, &f.now, []record{{Item: stale, Outcome: OutcomeAccepted}})
+	if err != nil || !errors.Is(errs[0], outbox.ErrStaleLease) {
+		t.Fatalf("stale in batch: %v %v", errs, err)
+	}
+}
