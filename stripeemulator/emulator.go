@@ -158,7 +158,7 @@ type Emulator struct {
 	byPair     map[pairKey][]int
 	reports    []ErrorReport
 
-	idem      map[string]*idemEntry
+	idem      map[[32]byte]*idemEntry
 	idemQueue []idemQueued
 
 	inflight     map[pairKey]int
@@ -196,7 +196,7 @@ type idemEntry struct {
 }
 
 type idemQueued struct {
-	key string
+	key [32]byte
 	at  time.Time
 }
 
@@ -216,7 +216,7 @@ func New(cfg Config) (*Emulator, error) {
 		byEvent:      map[string]*Meter{},
 		ids:          map[string]idState{},
 		byPair:       map[pairKey][]int{},
-		idem:         map[string]*idemEntry{},
+		idem:         map[[32]byte]*idemEntry{},
 		inflight:     map[pairKey]int{},
 		totals:       map[string]float64{},
 		overlapsPair: map[pairKey]int{},

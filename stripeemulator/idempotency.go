@@ -26,7 +26,7 @@ func (e *Emulator) idempotent(c *call, exec func() executed) reply {
 	if c.idemKey == "" {
 		return exec().reply
 	}
-	scope := c.apiKey + "\x00" + c.idemKey
+	scope := idemScope(c.apiKey, c.idemKey)
 	fp := fingerprint(c)
 	e.mu.Lock()
 	e.pruneIdemLocked(e.cfg.Now())
@@ -67,6 +67,18 @@ func (e *Emulator) idempotent(c *call, exec func() executed) reply {
 	en.status, en.body, en.requestID, en.at = res.reply.status, res.reply.body, c.requestID, e.cfg.Now()
 	e.idemQueue = append(e.idemQueue, idemQueued{key: scope, at: en.at})
 	return res.reply
+}
+
+// idemScope is the map key of an Idempotency-Key under an API key: a
+// fixed-size hash, so a saved result does not keep the key strings alive.
+func idemScope(apiKey, idemKey string) [32]byte {
+	h := sha256.New()
+	h.Write([]byte(apiKey))
+	h.Write([]byte{0})
+	h.Write([]byte(idemKey))
+	var out [32]byte
+	copy(out[:], h.Sum(nil))
+	return out
 }
 
 // fingerprint identifies a request's parameters: method, path and the

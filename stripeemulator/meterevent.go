@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -45,7 +46,9 @@ func (e *Emulator) handleMeterEventCreate(c *call) reply {
 	if ae != nil {
 		return errReply(ae, OutcomeInvalid)
 	}
-	identifier := c.form.Get("identifier")
+	// A clone: the parsed value is a substring of the whole body, which
+	// would otherwise stay alive as long as the identifier is remembered.
+	identifier := strings.Clone(c.form.Get("identifier"))
 	if len(identifier) > MaxIdentifierLength {
 		return errReply(invalidRequest(CodeParameterInvalid, "identifier", "Invalid identifier: must be at most %d characters", MaxIdentifierLength), OutcomeInvalid)
 	}
