@@ -650,3 +650,83 @@ func TestControlEndpoints(t *testing.T) {
 		t.Fatalf("a customer id leaked: %s", b)
 	}
 }
+
+func TestListPagination(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stripeemulator.Config{})
+	day := time.Date(2026, 9, 1, 0, 0, 0, 0, time.UTC)
+	path := "/v1/billing/meters/" + e.meter.ID + "/event_summaries"
+	base := url.Values{"customer": {custA}, "start_time": {itoa(day.Unix())}, "end_time": {itoa(day.Add(5 * time.Hour).Unix())},
+		"value_grouping_window": {"hour"}}
+	type page struct {
+		HasMore bool `json:"has_more"`
+		Data    []struct {
+			ID        string `json:"id"`
+			StartTime int64  `json:"start_time"`
+		} `json:"data"`
+	}
+	get := func(extra url.Values) (page, rawResponse) {
+		t.Helper()
+		q := url.Values{}
+		for k, v := range base {
+			q[k] = v
+		}
+		for k, v := range extra {
+			q[k] = v
+		}
+		r := e.do(http.MethodGet, path, q, nil)
+		var p page
+		if r.status == 200 {
+			if err := json.Unmarshal(r.body, &p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return p, r
+	}
+	all, _ := get(url.Values{"limit": {"100"}})
+	if len(all.Data) != 5 || all.HasMore {
+		t.Fatalf("all: %+v", all)
+	}
+	first, _ := get(url.Values{"limit": {"2"}})
+	if len(first.Data) != 2 || !first.HasMore || first.Data[0].ID != all.Data[0].ID {
+		t.Fatalf("first page: %+v", first)
+	}
+	next, _ := get(url.Values{"limit": {"2"}, "starting_after": {first.Data[1].ID}})
+	if len(next.Data) != 2 || next.Data[0].ID != all.Data[2].ID || !next.HasMore {
+		t.Fatalf("second page: %+v", next)
+	}
+	prev, _ := get(url.Values{"limit": {"2"}, "ending_before": {all.Data[4].ID}})
+	if len(prev.Data) != 2 || prev.Data[0].ID != all.Data[2].ID || prev.Data[1].ID != all.Data[3].ID || !prev.HasMore {
+		t.Fatalf("ending_before page: %+v", prev)
+	}
+	for _, bad := range []url.Values{
+		{"limit": {"0"}},
+		{"limit": {"101"}},
+		{"limit": {"ten"}},
+		{"starting_after": {"mtrusg_nope"}},
+		{"starting_after": {all.Data[0].ID}, "ending_before": {all.Data[4].ID}},
+	} {
+		if _, r := get(bad); r.status != 400 {
+			t.Fatalf("%v: want 400, got %d %s", bad, r.status, r.body)
+		}
+	}
+	// Meters: newest first, ending_before walks back.
+	for _, n := range []string{"m2", "m3"} {
+		if _, err := e.emu.AddMeter(stripeemulator.MeterSpec{DisplayName: n, EventName: n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := e.do(http.MethodGet, "/v1/billing/meters", url.Values{"limit": {"1"}, "ending_before": {e.meter.ID}}, nil)
+	var meters struct {
+		HasMore bool `json:"has_more"`
+		Data    []struct {
+			EventName string `json:"event_name"`
+		} `json:"data"`
+	}
+	if r.status != 200 || json.Unmarshal(r.body, &meters) != nil || len(meters.Data) != 1 || meters.Data[0].EventName != "m2" || !meters.HasMore {
+		t.Fatalf("meters ending_before: %d %s", r.status, r.body)
+	}
+	if r := e.do(http.MethodGet, "/v1/billing/meters", url.Values{"starting_after": {"mtr_nope"}}, nil); r.status != 400 {
+		t.Fatalf("unknown cursor: %d", r.status)
+	}
+}
