@@ -225,6 +225,23 @@ func TestMeters(t *testing.T) {
 	if _, err := e.sc.BillingMeterEvents.New(p); err != nil {
 		t.Fatalf("want applied after reactivation, got %v", err)
 	}
+	if ms := e.emu.Meters(); len(ms) != 5 || ms[0].ID != e.meter.ID || ms[1].ID != m.ID || !ms[1].Active {
+		t.Fatalf("Meters(): %+v", ms)
+	}
+	// Reactivating an active meter, or one whose event name another active
+	// meter took meanwhile, is refused.
+	if _, err := e.sc.BillingMeters.Reactivate(m.ID, nil); stripeErr(t, err).HTTPStatusCode != 400 {
+		t.Fatal("want 400 reactivating an active meter")
+	}
+	if _, err := e.emu.SetMeterActive(m.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.emu.AddMeter(stripeemulator.MeterSpec{DisplayName: "Storage v2", EventName: "storage_gb"}); err != nil {
+		t.Fatalf("a new meter may take an inactive meter's event name: %v", err)
+	}
+	if _, err := e.emu.SetMeterActive(m.ID, true); !errors.Is(err, stripeemulator.ErrInvalidMeter) {
+		t.Fatalf("want ErrInvalidMeter for an event-name clash, got %v", err)
+	}
 	if _, err := e.emu.AddMeter(stripeemulator.MeterSpec{EventName: "no_display"}); !errors.Is(err, stripeemulator.ErrInvalidMeter) {
 		t.Fatalf("want ErrInvalidMeter, got %v", err)
 	}

@@ -109,6 +109,9 @@ func TestParseAnswer(t *testing.T) {
 		if err != nil || got != tc.want {
 			t.Errorf("ParseAnswer(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
 		}
+		if again, err := stripeemulator.ParseAnswer(got.String()); err != nil || again != got {
+			t.Errorf("String() of %+v does not round-trip: %q", got, got.String())
+		}
 	}
 	q, err := stripeemulator.ParseAnswers("500, drop-after-apply,ok")
 	if err != nil || len(q) != 3 || q[1].Kind != stripeemulator.AnswerDropAfterApply {
