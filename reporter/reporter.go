@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/aurora-billing/aurora/shared/clock"
@@ -20,6 +21,7 @@ import (
 const (
 	IntervalSecondsDefault = 60
 	BatchSizeDefault       = 500
+	WorkersDefault         = 4
 )
 
 // Config is the reporter's configuration (AURORA_* variables).
@@ -31,6 +33,10 @@ type Config struct {
 	// still its own transaction). AURORA_REPORTER_BATCH_SIZE, defaults to
 	// 500, 1..10000.
 	BatchSize int `env:"REPORTER_BATCH_SIZE" envDefault:"500"`
+	// Workers: periods handled concurrently within a batch, each in its own
+	// transaction (one pooled connection each). AURORA_REPORTER_WORKERS,
+	// defaults to 4, 1..64.
+	Workers int `env:"REPORTER_WORKERS" envDefault:"4"`
 	// FeatureSources: where each feature's quantity comes from,
 	// "feature:counters|events,…" (usage.ParseSources); unlisted features
 	// count. AURORA_FEATURE_SOURCES, defaults to empty. Deployed separately
@@ -49,6 +55,7 @@ func (c Config) Validate() error {
 	return errors.Join(
 		config.IntRange("REPORTER_INTERVAL_SECONDS", c.IntervalSeconds, 1, 86400, "seconds"),
 		config.IntRange("REPORTER_BATCH_SIZE", c.BatchSize, 1, 10000, "rows"),
+		config.IntRange("REPORTER_WORKERS", c.Workers, 1, 64, "concurrent periods"),
 		src)
 }
 
@@ -96,8 +103,10 @@ type Reporter struct {
 	Clock    clock.Clock    // nil = the database clock
 	// BatchSize: counters read per query. Defaults to BatchSizeDefault.
 	BatchSize int
-	Logger    *slog.Logger // nil = slog.Default()
-	Metrics   *Metrics     // nil = no metrics
+	// Workers: periods handled concurrently. Defaults to WorkersDefault.
+	Workers int
+	Logger  *slog.Logger // nil = slog.Default()
+	Metrics *Metrics     // nil = no metrics
 }
 
 // Outcome is what ReportPeriod did for one period.
@@ -138,6 +147,13 @@ func (r *Reporter) batchSize() int {
 	return r.BatchSize
 }
 
+func (r *Reporter) workers() int {
+	if r.Workers <= 0 {
+		return WorkersDefault
+	}
+	return r.Workers
+}
+
 func (r *Reporter) exporter() string {
 	if r.Recorder.Exporter == "" {
 		return outbox.DefaultExporter
@@ -172,31 +188,39 @@ func (r *Reporter) ReportPeriod(ctx context.Context, tenant, feature string, per
 }
 
 func (r *Reporter) reportPeriod(ctx context.Context, tx pgx.Tx, tenant, feature string, periodStart time.Time) (PeriodResult, error) {
-	if err := usage.LockCutoverShared(ctx, tx, feature); err != nil {
-		return PeriodResult{}, err
-	}
-	w, scheduled, err := usage.WatermarkFor(ctx, tx, tenant, feature)
+	w, scheduled, err := usage.LockedWatermarkFor(ctx, tx, tenant, feature)
 	if err != nil {
 		return PeriodResult{}, err
 	}
 	if usage.EraOf(periodStart, w, scheduled, r.Sources.Of(feature)) != usage.EraBuffered {
 		return PeriodResult{Outcome: OutcomeRecording}, nil
 	}
-	if _, err := tx.Exec(ctx, `
-		INSERT INTO usage_windows (tenant, feature, period_start) VALUES ($1, $2, $3)
-		ON CONFLICT (tenant, feature, period_start) DO NOTHING`, tenant, feature, periodStart); err != nil {
-		return PeriodResult{}, fmt.Errorf("reporter: window row: %w", err)
-	}
+	// One round trip: make sure the ledger row exists, lock it and read the
+	// counter, and read the timestamp and mapping version a new window
+	// would carry.
 	var ackTo, count int64
 	var generation int
 	var stagedID *int64
-	err = tx.QueryRow(ctx, `
+	var occurredAt time.Time
+	var version int32
+	b := &pgx.Batch{}
+	b.Queue(`
+		INSERT INTO usage_windows (tenant, feature, period_start) VALUES ($1, $2, $3)
+		ON CONFLICT (tenant, feature, period_start) DO NOTHING`, tenant, feature, periodStart)
+	b.Queue(`
 		SELECT w.acknowledged_to, w.generation, w.staged_item_id, coalesce(c.count, 0)
 		FROM usage_windows w
 		LEFT JOIN usage_counters c USING (tenant, feature, period_start)
 		WHERE w.tenant = $1 AND w.feature = $2 AND w.period_start = $3
-		FOR UPDATE OF w`, tenant, feature, periodStart).Scan(&ackTo, &generation, &stagedID, &count)
-	if err != nil {
+		FOR UPDATE OF w`, tenant, feature, periodStart).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&ackTo, &generation, &stagedID, &count)
+	})
+	b.Queue(`
+		SELECT date_trunc('second', least($1::timestamptz, coalesce($2::timestamptz, now()))),
+		       coalesce((SELECT mapping_version FROM meter_mappings WHERE destination_account = $3 AND feature = $4), 0)`,
+		r.period().End(periodStart).Add(-time.Second), clock.Or(r.Clock).Override(), r.Recorder.DestinationAccount, feature).
+		QueryRow(func(row pgx.Row) error { return row.Scan(&occurredAt, &version) })
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return PeriodResult{}, fmt.Errorf("reporter: lock window: %w", err)
 	}
 	var res PeriodResult
@@ -240,16 +264,6 @@ func (r *Reporter) reportPeriod(ctx context.Context, tx pgx.Tx, tenant, feature 
 	case count == ackTo:
 		res.Outcome = OutcomeIdle
 		return res, nil
-	}
-	var occurredAt time.Time
-	var version int32
-	err = tx.QueryRow(ctx, `
-		SELECT date_trunc('second', least($1::timestamptz, coalesce($2::timestamptz, now()))),
-		       coalesce((SELECT mapping_version FROM meter_mappings WHERE destination_account = $3 AND feature = $4), 0)`,
-		r.period().End(periodStart).Add(-time.Second), clock.Or(r.Clock).Override(), r.Recorder.DestinationAccount, feature).
-		Scan(&occurredAt, &version)
-	if err != nil {
-		return PeriodResult{}, fmt.Errorf("reporter: timestamp and mapping: %w", err)
 	}
 	row, err := outbox.Stage(ctx, tx, outbox.Item{
 		Identity: identity.Identity{
@@ -302,7 +316,8 @@ type PassResult struct {
 // Pass walks every counter that may need a window — its count differs from
 // the acknowledged position or a window is linked, and its period starts
 // before the governing watermark if any — in key order, batch by batch,
-// each period in its own transaction. A failing period is logged (no
+// each period in its own transaction, Workers periods at a time (periods
+// are independent: each locks its own usage_windows row). A failing period is logged (no
 // payload, no customer data), counted and skipped; the pass goes on and
 // returns the first such error wrapped, with the counts.
 func (r *Reporter) Pass(ctx context.Context) (PassResult, error) {
@@ -339,42 +354,34 @@ func (r *Reporter) Pass(ctx context.Context) (PassResult, error) {
 		if err != nil {
 			return res, fmt.Errorf("reporter: select counters: %w", err)
 		}
+		var mu sync.Mutex
+		work := make(chan key)
+		var wg sync.WaitGroup
+		for range min(r.workers(), max(len(keys), 1)) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for k := range work {
+					pr, err := r.ReportPeriod(ctx, k.tenant, k.feature, k.start)
+					if ctx.Err() != nil {
+						continue // shutting down: not a failure of the period
+					}
+					mu.Lock()
+					r.tally(&res, &firstErr, k.feature, k.start, pr, err)
+					mu.Unlock()
+				}
+			}()
+		}
 		for _, k := range keys {
-			if err := ctx.Err(); err != nil {
-				return res, err
+			if ctx.Err() != nil {
+				break
 			}
-			res.Examined++
-			pr, err := r.ReportPeriod(ctx, k.tenant, k.feature, k.start)
-			var drift *DriftError
-			switch {
-			case errors.As(err, &drift):
-				res.Drift++
-				r.logger().Error("reporter: counter below acknowledged position; nothing staged",
-					"feature", k.feature, "period_start", k.start, "count", drift.Count, "acknowledged_to", drift.AcknowledgedTo)
-				if firstErr == nil {
-					firstErr = err
-				}
-				continue
-			case err != nil:
-				res.Failed++
-				r.logger().Error("reporter: period failed", "feature", k.feature, "period_start", k.start, "error", err)
-				if firstErr == nil {
-					firstErr = err
-				}
-				continue
-			}
-			if pr.Advanced {
-				res.Advanced++
-			}
-			switch pr.Outcome {
-			case OutcomeStaged:
-				res.Staged++
-			case OutcomeOpen:
-				res.Open++
-			case OutcomeRecording:
-				res.Recording++
-			case OutcomeIdle:
-			}
+			work <- k
+		}
+		close(work)
+		wg.Wait()
+		if err := ctx.Err(); err != nil {
+			return res, err
 		}
 		if len(keys) < r.batchSize() {
 			break
@@ -387,6 +394,39 @@ func (r *Reporter) Pass(ctx context.Context) (PassResult, error) {
 		return res, fmt.Errorf("reporter: pass: %d period(s) failed: %w", res.Drift+res.Failed, firstErr)
 	}
 	return res, nil
+}
+
+// tally adds one period's result to res (the caller holds the lock).
+func (r *Reporter) tally(res *PassResult, firstErr *error, feature string, start time.Time, pr PeriodResult, err error) {
+	res.Examined++
+	var drift *DriftError
+	switch {
+	case errors.As(err, &drift):
+		res.Drift++
+		r.logger().Error("reporter: counter below acknowledged position; nothing staged",
+			"feature", feature, "period_start", start, "count", drift.Count, "acknowledged_to", drift.AcknowledgedTo)
+	case err != nil:
+		res.Failed++
+		r.logger().Error("reporter: period failed", "feature", feature, "period_start", start, "error", err)
+	}
+	if err != nil {
+		if *firstErr == nil {
+			*firstErr = err
+		}
+		return
+	}
+	if pr.Advanced {
+		res.Advanced++
+	}
+	switch pr.Outcome {
+	case OutcomeStaged:
+		res.Staged++
+	case OutcomeOpen:
+		res.Open++
+	case OutcomeRecording:
+		res.Recording++
+	case OutcomeIdle:
+	}
 }
 
 // Run runs a pass, then one every interval, until ctx ends (returns nil).

@@ -50,7 +50,8 @@ feature's cutover watermark are never staged; features whose AURORA_FEATURE_SOUR
 
 Configuration: AURORA_DATABASE_URL, AURORA_STRIPE_ACCOUNT, AURORA_STRIPE_MODE,
 AURORA_USAGE_PERIOD, AURORA_REPORTER_INTERVAL_SECONDS (1..86400, default 60),
-AURORA_REPORTER_BATCH_SIZE (1..10000, default 500), AURORA_FEATURE_SOURCES
+AURORA_REPORTER_BATCH_SIZE (1..10000, default 500), AURORA_REPORTER_WORKERS (1..64, default 4),
+AURORA_FEATURE_SOURCES
 (feature:counters|events,…), AURORA_REPORTER_OPS_ADDR (empty = no /metrics listener).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -59,8 +60,8 @@ AURORA_REPORTER_BATCH_SIZE (1..10000, default 500), AURORA_FEATURE_SOURCES
 				return err
 			}
 			if validate {
-				fmt.Fprintf(cmd.OutOrStdout(), "configuration valid: interval=%ds batch=%d period=%s account=%s mode=%s feature_sources=%q ops_addr=%q\n",
-					cfg.IntervalSeconds, cfg.BatchSize, cfg.UsagePeriod, cfg.StripeAccount, cfg.StripeMode, cfg.Sources().String(), cfg.OpsAddr)
+				fmt.Fprintf(cmd.OutOrStdout(), "configuration valid: interval=%ds batch=%d workers=%d period=%s account=%s mode=%s feature_sources=%q ops_addr=%q\n",
+					cfg.IntervalSeconds, cfg.BatchSize, cfg.Workers, cfg.UsagePeriod, cfg.StripeAccount, cfg.StripeMode, cfg.Sources().String(), cfg.OpsAddr)
 				return nil
 			}
 			ctx := cmd.Context()
@@ -74,7 +75,7 @@ AURORA_REPORTER_BATCH_SIZE (1..10000, default 500), AURORA_FEATURE_SOURCES
 				Pool: pool,
 				Recorder: usage.Recorder{DestinationAccount: cfg.StripeAccount, Mode: identity.Mode(cfg.StripeMode),
 					Period: usage.Period(cfg.UsagePeriod)},
-				Sources: cfg.Sources(), BatchSize: cfg.BatchSize, Logger: logger(), Metrics: reporter.NewMetrics(reg),
+				Sources: cfg.Sources(), BatchSize: cfg.BatchSize, Workers: cfg.Workers, Logger: logger(), Metrics: reporter.NewMetrics(reg),
 			}
 			if once {
 				res, err := r.Pass(ctx)

@@ -40,10 +40,7 @@ type Watermark struct {
 // neither exists. It does not lock; call LockCutoverShared first in the same
 // transaction when the answer decides a write.
 func WatermarkFor(ctx context.Context, q outbox.Querier, tenant, feature string) (w Watermark, ok bool, err error) {
-	err = q.QueryRow(ctx, `
-		SELECT tenant, feature, watermark, version FROM usage_cutovers
-		WHERE feature = $2 AND tenant IN ($1, '')
-		ORDER BY tenant = '' LIMIT 1`, tenant, feature).Scan(&w.Tenant, &w.Feature, &w.At, &w.Version)
+	err = q.QueryRow(ctx, watermarkSQL, tenant, feature).Scan(&w.Tenant, &w.Feature, &w.At, &w.Version)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Watermark{}, false, nil
 	}
@@ -53,6 +50,11 @@ func WatermarkFor(ctx context.Context, q outbox.Querier, tenant, feature string)
 	w.At = w.At.UTC()
 	return w, true, nil
 }
+
+const watermarkSQL = `
+	SELECT tenant, feature, watermark, version FROM usage_cutovers
+	WHERE feature = $2 AND tenant IN ($1, '')
+	ORDER BY tenant = '' LIMIT 1`
 
 // cutoverLockKey is the advisory-lock key of a feature's cutover. One key
 // per feature (not per tenant) because the all-tenants row governs every
@@ -70,6 +72,34 @@ func LockCutoverShared(ctx context.Context, tx pgx.Tx, feature string) error {
 		return fmt.Errorf("usage: lock cutover %s: %w", feature, err)
 	}
 	return nil
+}
+
+// LockedWatermarkFor takes the shared cutover lock of feature and then reads
+// the watermark governing (tenant, feature), pipelined in one round trip
+// (the statements still run in order, the read after the lock is granted,
+// each with its own snapshot). See LockCutoverShared and WatermarkFor.
+func LockedWatermarkFor(ctx context.Context, tx pgx.Tx, tenant, feature string) (w Watermark, ok bool, err error) {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_advisory_xact_lock_shared(`+cutoverLockKey+`)`, feature)
+	b.Queue(watermarkSQL, tenant, feature)
+	br := tx.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("usage: watermark: %w", cerr)
+		}
+	}()
+	if _, err := br.Exec(); err != nil {
+		return Watermark{}, false, fmt.Errorf("usage: lock cutover %s: %w", feature, err)
+	}
+	err = br.QueryRow().Scan(&w.Tenant, &w.Feature, &w.At, &w.Version)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Watermark{}, false, nil
+	}
+	if err != nil {
+		return Watermark{}, false, fmt.Errorf("usage: watermark: %w", err)
+	}
+	w.At = w.At.UTC()
+	return w, true, nil
 }
 
 // LockCutoverExclusive takes the transaction-scoped exclusive advisory lock
@@ -132,17 +162,14 @@ func (g Gate) Record(ctx context.Context, tx pgx.Tx, ev Event) (row outbox.Row, 
 	if err := ev.Validate(); err != nil {
 		return outbox.Row{}, false, err
 	}
-	if err := LockCutoverShared(ctx, tx, ev.Feature); err != nil {
+	w, scheduled, err := LockedWatermarkFor(ctx, tx, ev.Tenant, ev.Feature)
+	if err != nil {
 		return outbox.Row{}, false, err
 	}
 	if ev.CorrectsEventID != "" {
 		if err := CheckCorrection(ctx, tx, g.Recorder.period(), ev); err != nil {
 			return outbox.Row{}, false, err
 		}
-	}
-	w, scheduled, err := WatermarkFor(ctx, tx, ev.Tenant, ev.Feature)
-	if err != nil {
-		return outbox.Row{}, false, err
 	}
 	var opts []outbox.StageOption
 	if EraOf(g.Recorder.period().Start(ev.OccurredAt), w, scheduled, g.Sources.Of(ev.Feature)) == EraBuffered {
