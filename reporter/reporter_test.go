@@ -314,6 +314,7 @@ func TestConfigValidate(t *testing.T) {
 		{map[string]string{"AURORA_FEATURE_SOURCES": "api_calls:events, egress_bytes:counters"}, ""},
 		{map[string]string{"AURORA_REPORTER_INTERVAL_SECONDS": "0"}, "AURORA_REPORTER_INTERVAL_SECONDS"},
 		{map[string]string{"AURORA_REPORTER_BATCH_SIZE": "20000"}, "AURORA_REPORTER_BATCH_SIZE"},
+		{map[string]string{"AURORA_REPORTER_WORKERS": "0"}, "AURORA_REPORTER_WORKERS"},
 		{map[string]string{"AURORA_FEATURE_SOURCES": "api_calls:stream"}, "AURORA_FEATURE_SOURCES"},
 		{map[string]string{"AURORA_FEATURE_SOURCES": "api_calls"}, "AURORA_FEATURE_SOURCES"},
 		{map[string]string{"AURORA_FEATURE_SOURCES": "api_calls:events,api_calls:counters"}, "AURORA_FEATURE_SOURCES"},
@@ -336,7 +337,7 @@ func TestConfigValidate(t *testing.T) {
 	if err := config.LoadFrom(&c, map[string]string{"AURORA_FEATURE_SOURCES": "api_calls:events"}); err != nil {
 		t.Fatal(err)
 	}
-	if c.Sources().Of("api_calls") != usage.SourceEvents || c.Sources().Of("other") != usage.SourceCounters || c.Interval() != time.Minute {
+	if c.Sources().Of("api_calls") != usage.SourceEvents || c.Sources().Of("other") != usage.SourceCounters || c.Interval() != time.Minute || c.Workers != reporter.WorkersDefault {
 		t.Fatalf("config %+v", c)
 	}
 }
