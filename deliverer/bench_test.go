@@ -51,7 +51,7 @@ func vmHWM() float64 {
 	return 0
 }
 
-// BenchmarkDeliver measures one deliverer (concurrency 128) draining b.N
+// BenchmarkDeliver measures one deliverer (concurrency 128 or 256) draining b.N
 // published items spread round-robin over 200 customers of one meter,
 // against the emulator at 0 ms and 50 ms latency (live mode's one call per
 // customer and meter enforced). Reports items/s, Postgres round trips per
@@ -59,12 +59,15 @@ func vmHWM() float64 {
 // (which includes the embedded JetStream server and the emulator: an upper
 // bound for the deliverer alone). Run with -benchtime=Nx (N items).
 func BenchmarkDeliver(b *testing.B) {
-	for _, lat := range []time.Duration{0, 50 * time.Millisecond} {
-		b.Run(fmt.Sprintf("latency=%s", lat), func(b *testing.B) { benchDeliver(b, lat) })
+	for _, c := range []struct {
+		latency     time.Duration
+		concurrency int
+	}{{0, 128}, {50 * time.Millisecond, 128}, {50 * time.Millisecond, 256}} {
+		b.Run(fmt.Sprintf("latency=%s/concurrency=%d", c.latency, c.concurrency), func(b *testing.B) { benchDeliver(b, c.latency, c.concurrency) })
 	}
 }
 
-func benchDeliver(b *testing.B, latency time.Duration) {
+func benchDeliver(b *testing.B, latency time.Duration, concurrency int) {
 	const customers = 200
 	ctx := context.Background()
 	url := dbtest.NewDatabase(b)
@@ -155,7 +158,7 @@ func benchDeliver(b *testing.B, latency time.Duration) {
 	}
 	defer pool.Close()
 	cfg := deliverer.DefaultConfig()
-	cfg.Concurrency = 128
+	cfg.Concurrency = concurrency
 	cfg.BusyDelayMillis = 50
 	exp, err := stripeexport.New(stripeexport.Config{APIKey: testKey, APIBase: hs.URL}, 10*time.Second, cfg.Concurrency)
 	if err != nil {
