@@ -15,7 +15,7 @@ const (
 	ConsumerDefault               = "aurora-deliverer"
 	AckWaitSecondsDefault         = 30
 	ProviderTimeoutSecondsDefault = 30
-	BusyDelayMillisDefault        = 200
+	BusyDelayMillisDefault        = 50
 	ShutdownSecondsDefault        = 30
 )
 
@@ -36,8 +36,9 @@ type Config struct {
 	// pool. AURORA_DELIVERER_CONSUMER, default "aurora-deliverer".
 	Consumer string `env:"DELIVERER_CONSUMER" envDefault:"aurora-deliverer"`
 	// FilterSubject: the consumer's filter, e.g. aurora.outbox.stripe_meter_events.org_123
-	// for a tenant pool. AURORA_DELIVERER_FILTER_SUBJECT, default every
-	// tenant of stripe_meter_events. Must start with "aurora.outbox.".
+	// for a tenant pool; several subjects separated by commas.
+	// AURORA_DELIVERER_FILTER_SUBJECT, default every tenant of
+	// stripe_meter_events. Each must start with "aurora.outbox.".
 	FilterSubject string `env:"DELIVERER_FILTER_SUBJECT"`
 	// AckWaitSeconds: JetStream redelivers a message whose handler went
 	// silent this long; a handler heartbeats (InProgress) every third of it.
@@ -49,9 +50,10 @@ type Config struct {
 	// AURORA_STRIPE_TIMEOUT_SECONDS, default 30, 1..lease−1.
 	ProviderTimeoutSeconds int `env:"STRIPE_TIMEOUT_SECONDS" envDefault:"30"`
 	// BusyDelayMillis: NakWithDelay when the row is locked by another
-	// transaction or the (account, customer, meter) slot is busy; jittered
-	// ±50 %. AURORA_DELIVERER_BUSY_DELAY_MS, default 200, 10..60000.
-	BusyDelayMillis int `env:"DELIVERER_BUSY_DELAY_MS" envDefault:"200"`
+	// transaction (typically the relay, which holds the row until its
+	// PubAck is recorded) or the (account, customer, meter) slot is busy;
+	// jittered ±50 %. AURORA_DELIVERER_BUSY_DELAY_MS, default 200, 10..60000.
+	BusyDelayMillis int `env:"DELIVERER_BUSY_DELAY_MS" envDefault:"50"`
 	// ShutdownSeconds: on SIGTERM, how long in-flight calls may finish and
 	// record their outcome before they are cancelled (a cancelled call is a
 	// retry with the same key). AURORA_DELIVERER_SHUTDOWN_SECONDS, default
@@ -88,8 +90,10 @@ func (c *Config) Validate() error {
 	if strings.TrimSpace(c.Consumer) == "" || strings.ContainsAny(c.Consumer, " .*>\t") {
 		consumer = &config.RangeError{Var: config.Prefix + "DELIVERER_CONSUMER", Value: c.Consumer, Allowed: "a non-empty name without spaces, '.', '*' or '>'"}
 	}
-	if !strings.HasPrefix(c.FilterSubject, outbox.SubjectPrefix+".") || strings.ContainsAny(c.FilterSubject, " \t") {
-		filter = &config.RangeError{Var: config.Prefix + "DELIVERER_FILTER_SUBJECT", Value: c.FilterSubject, Allowed: "a subject starting with " + outbox.SubjectPrefix + "."}
+	for _, f := range strings.Split(c.FilterSubject, ",") {
+		if !strings.HasPrefix(f, outbox.SubjectPrefix+".") || strings.ContainsAny(f, " \t") || strings.HasSuffix(f, ".") {
+			filter = &config.RangeError{Var: config.Prefix + "DELIVERER_FILTER_SUBJECT", Value: c.FilterSubject, Allowed: "comma-separated subjects starting with " + outbox.SubjectPrefix + "."}
+		}
 	}
 	return errors.Join(
 		c.Outbox.Validate(),
@@ -114,7 +118,7 @@ type settings struct {
 	horizon         time.Duration
 	concurrency     int
 	consumer        string
-	filterSubject   string
+	filterSubjects  []string
 	ackWait         time.Duration
 	heartbeat       time.Duration
 	providerTimeout time.Duration
@@ -133,7 +137,7 @@ func (c Config) settings() settings {
 		horizon:         sec(c.UncertaintyHorizonSeconds),
 		concurrency:     c.Concurrency,
 		consumer:        c.Consumer,
-		filterSubject:   c.FilterSubject,
+		filterSubjects:  strings.Split(c.FilterSubject, ","),
 		ackWait:         sec(c.AckWaitSeconds),
 		heartbeat:       sec(c.AckWaitSeconds) / 3,
 		providerTimeout: sec(c.ProviderTimeoutSeconds),

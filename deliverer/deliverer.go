@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -166,15 +167,20 @@ func New(db DB, js jetstream.JetStream, exp Exporter, cfg Config, opts ...Option
 // unlimited deliveries (Postgres decides what is due; a message is only "try
 // now"), MaxAckPending large enough for delayed messages.
 func (d *Deliverer) ConsumerConfig() jetstream.ConsumerConfig {
-	return jetstream.ConsumerConfig{
+	cc := jetstream.ConsumerConfig{
 		Durable:       d.s.consumer,
-		FilterSubject: d.s.filterSubject,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       d.s.ackWait,
 		MaxDeliver:    -1,
 		MaxAckPending: max(1000, 8*d.s.concurrency),
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
+	if len(d.s.filterSubjects) == 1 {
+		cc.FilterSubject = d.s.filterSubjects[0]
+	} else {
+		cc.FilterSubjects = d.s.filterSubjects
+	}
+	return cc
 }
 
 // Run consumes until ctx ends, then shuts down gracefully: it stops pulling,
@@ -232,7 +238,7 @@ func (d *Deliverer) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("deliverer: consume: %w", err)
 	}
-	d.log.Info("deliverer: consuming", "consumer", d.s.consumer, "filter", d.s.filterSubject, "concurrency", d.s.concurrency)
+	d.log.Info("deliverer: consuming", "consumer", d.s.consumer, "filter", strings.Join(d.s.filterSubjects, ","), "concurrency", d.s.concurrency)
 	<-ctx.Done()
 	d.mu.Lock()
 	d.stopping = true

@@ -49,6 +49,7 @@ func TestConfigValidate(t *testing.T) {
 		{map[string]string{"AURORA_DELIVERER_CONCURRENCY": "0"}, "AURORA_DELIVERER_CONCURRENCY"},
 		{map[string]string{"AURORA_DELIVERER_FILTER_SUBJECT": "other.>"}, "AURORA_DELIVERER_FILTER_SUBJECT"},
 		{map[string]string{"AURORA_DELIVERER_CONSUMER": "a.b"}, "AURORA_DELIVERER_CONSUMER"},
+		{map[string]string{"AURORA_DELIVERER_FILTER_SUBJECT": "aurora.outbox.x.a,other.b"}, "AURORA_DELIVERER_FILTER_SUBJECT"},
 		{map[string]string{"AURORA_STRIPE_TIMEOUT_SECONDS": "120"}, "AURORA_STRIPE_TIMEOUT_SECONDS"},
 		{map[string]string{"AURORA_DELIVERER_ACK_WAIT_SECONDS": "1"}, "AURORA_DELIVERER_ACK_WAIT_SECONDS"},
 		{map[string]string{"AURORA_UNCERTAINTY_HORIZON_SECONDS": "86400"}, "AURORA_UNCERTAINTY_HORIZON_SECONDS"},
@@ -61,6 +62,24 @@ func TestConfigValidate(t *testing.T) {
 		if !errors.Is(err, config.ErrInvalid) || !errors.As(err, &re) || !strings.Contains(err.Error(), b.v) {
 			t.Errorf("%v: got %v", b.env, err)
 		}
+	}
+}
+
+func TestConsumerConfigFilters(t *testing.T) {
+	t.Parallel()
+	c := DefaultConfig()
+	c.FilterSubject = "aurora.outbox.stripe_meter_events.org_a,aurora.outbox.stripe_meter_events.org_b"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	d := &Deliverer{s: c.settings()}
+	cc := d.ConsumerConfig()
+	if cc.FilterSubject != "" || len(cc.FilterSubjects) != 2 || cc.AckWait != 30*time.Second || cc.MaxDeliver != -1 {
+		t.Fatalf("%+v", cc)
+	}
+	d = &Deliverer{s: DefaultConfig().settings()}
+	if d.ConsumerConfig().FilterSubject != DefaultFilterSubject() {
+		t.Fatal("single filter")
 	}
 }
 
