@@ -593,3 +593,50 @@ func TestRunPollsUntilCanceled(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// No lease: while a worker's transaction is live, no amount of elapsed time
+// lets a second worker take the event; when the first worker's connection
+// dies mid-projection, Postgres rolls everything back and releases the
+// locks, and the attempt is counted.
+func TestLiveTransactionHoldsTheEventAndACrashRollsBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.mapPrice("price_a", "basic")
+	e.linked("cus_1", "tenant_1", "sub_1")
+	e.exec(`CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(60); RETURN NEW; END $$`)
+	e.exec(`CREATE TRIGGER slow BEFORE INSERT ON stripe_subscriptions FOR EACH ROW EXECUTE FUNCTION slow()`)
+	e.deliver(subscription(t, "customer.subscription.created", "evt_sub", t0, "cus_1", "sub_1", "active", "price_a"))
+
+	first := make(chan Pass, 1)
+	go func() {
+		p, _ := NewWorker(e.pool, WorkerConfig{Clock: e.clk}).RunPass(ctx)
+		first <- p
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for e.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'PgSleep'`) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the first worker never reached its projection")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	e.clk.Advance(24 * time.Hour)
+	if p, err := NewWorker(e.pool, WorkerConfig{Clock: e.clk}).RunPass(ctx); err != nil || p.Claimed != 0 {
+		t.Fatalf("a second worker took a held event: %+v %v", p.Results, err)
+	}
+	e.exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'PgSleep'`)
+	if p := <-first; p.Count(ResultFailed) != 1 {
+		t.Fatalf("first worker: %+v", p.Results)
+	}
+	if r := e.row("evt_sub"); r.attempts != 1 || r.lastReason != string(ReasonProjectionFailed) || r.processed {
+		t.Fatalf("%+v", r)
+	}
+	if n := e.count(`SELECT count(*) FROM stripe_subscriptions`); n != 0 {
+		t.Fatal("a crashed projection left a row")
+	}
+	e.exec(`DROP TRIGGER slow ON stripe_subscriptions`)
+	e.clk.Advance(time.Minute)
+	if p := e.pass(); p.Count(ResultApplied) != 1 {
+		t.Fatalf("after the crash: %+v", p.Results)
+	}
+}
