@@ -337,6 +337,14 @@ func (h *harness) start(cfg deliverer.Config, opts ...deliverer.Option) *running
 		cancel()
 		<-r.done
 	})
+	// Wait for the durable consumer, so deliverers (and the relay) do not
+	// change the stream's consumers concurrently: nats-server v2.15.2 has a
+	// data race between a stream update and a consumer creation that the
+	// race detector reports.
+	h.await("consumer", func() bool {
+		_, err := h.js.Consumer(context.Background(), outbox.StreamName, cfg.Consumer)
+		return err == nil
+	})
 	return r
 }
 
