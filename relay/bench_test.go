@@ -19,7 +19,8 @@ import (
 
 // Results and the command that reproduces them: docs/bench-relay.md.
 //
-//	go test -run '^$' -bench . -benchtime 200000x ./relay/
+//	go test -run '^$' -bench 'RawAsyncPublish|RelayThroughput' -benchtime 100000x ./relay/
+//	go test -run '^$' -bench CommitToPublished -benchtime 20000x ./relay/
 
 // BenchmarkRawAsyncPublish is the ceiling: JetStream async publish into the
 // AURORA_OUTBOX stream (file store) with a unique Nats-Msg-Id per message and
