@@ -22,7 +22,7 @@ import (
 // disjoint rows, and the locks, held until the marks commit, keep anyone else
 // from publishing the same dispatch meanwhile.
 const claimDueSQL = `
-SELECT id, idempotency_key, exporter, tenant, dispatch
+SELECT id, idempotency_key, exporter, tenant, dispatch, feature
 FROM outbox_items
 WHERE state IN ('pending', 'leased') AND published_dispatch < dispatch
   AND ((state = 'pending' AND next_attempt_at <= coalesce($1::timestamptz, now()))
@@ -47,6 +47,7 @@ type claimed struct {
 	exporter string
 	tenant   string
 	dispatch int32
+	feature  string
 }
 
 // message builds the row's JetStream message: subject
@@ -56,7 +57,7 @@ type claimed struct {
 func (c claimed) message() *nats.Msg {
 	return &nats.Msg{
 		Subject: outbox.Subject(c.exporter, c.tenant),
-		Data:    outbox.Message{ItemID: c.id, Key: c.key, Dispatch: c.dispatch}.Encode(),
+		Data:    outbox.Message{ItemID: c.id, Key: c.key, Dispatch: c.dispatch, Feature: c.feature}.Encode(),
 		Header: nats.Header{
 			jetstream.MsgIDHeader:          []string{outbox.MsgID(c.key, c.dispatch)},
 			jetstream.ExpectedStreamHeader: []string{outbox.StreamName},
@@ -157,7 +158,7 @@ func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]claimed, error) {
 	items := make([]claimed, 0, r.cfg.Outbox.BatchSize)
 	for rows.Next() {
 		var c claimed
-		if err := rows.Scan(&c.id, &c.key, &c.exporter, &c.tenant, &c.dispatch); err != nil {
+		if err := rows.Scan(&c.id, &c.key, &c.exporter, &c.tenant, &c.dispatch, &c.feature); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("relay: claim scan: %w", err)
 		}

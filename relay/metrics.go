@@ -28,10 +28,11 @@ type metrics struct {
 	publishErrors *prometheus.CounterVec
 	redispatched  prometheus.Counter
 	batchErrors   prometheus.Counter
+	inflight      prometheus.GaugeFunc
 	backlog       *backlogCollector
 }
 
-func newMetrics(pool *pgxpool.Pool, clk clock.Clock, timeout time.Duration, log *slog.Logger) *metrics {
+func newMetrics(pool *pgxpool.Pool, clk clock.Clock, timeout time.Duration, log *slog.Logger, inflight func() float64) *metrics {
 	m := &metrics{
 		published: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "aurora_relay_published_total",
@@ -53,6 +54,10 @@ func newMetrics(pool *pgxpool.Pool, clk clock.Clock, timeout time.Duration, log 
 			Name: "aurora_relay_batch_errors_total",
 			Help: "Batches or sweeps that failed (Postgres or NATS unavailable); the worker backs off.",
 		}),
+		inflight: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "aurora_relay_inflight_messages",
+			Help: "Async publishes awaiting their PubAck, across workers (bounded by AURORA_RELAY_MAX_INFLIGHT).",
+		}, inflight),
 		backlog: &backlogCollector{
 			pool: pool, clk: clk, timeout: timeout, log: log,
 			desc: prometheus.NewDesc("aurora_relay_oldest_unpublished_age_seconds",
@@ -67,7 +72,7 @@ func newMetrics(pool *pgxpool.Pool, clk clock.Clock, timeout time.Duration, log 
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.published, m.duplicates, m.publishErrors, m.redispatched, m.batchErrors, m.backlog}
+	return []prometheus.Collector{m.published, m.duplicates, m.publishErrors, m.redispatched, m.batchErrors, m.inflight, m.backlog}
 }
 
 // backlogCollector measures the oldest due-but-unpublished row at scrape

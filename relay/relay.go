@@ -159,7 +159,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, opts ...Option)
 		r.log.Warn("relay: pool smaller than workers + 1; workers and the sweep will queue for connections",
 			"max_conns", mc, "workers", cfg.Workers)
 	}
-	r.m = newMetrics(pool, r.clk, 5*time.Second, r.log)
+	r.m = newMetrics(pool, r.clk, 5*time.Second, r.log, func() float64 { return float64(len(r.inflight)) })
 	if r.reg != nil {
 		for _, c := range r.m.collectors() {
 			if err := r.reg.Register(c); err != nil {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/aurora-billing/aurora/shared/natstest"
 	"github.com/aurora-billing/aurora/shared/outbox"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func TestPublishesCommittedRowsOnceWithContract(t *testing.T) {
@@ -14,7 +15,8 @@ func TestPublishesCommittedRowsOnceWithContract(t *testing.T) {
 	_, js := connect(t, natstest.New(t))
 	ctx := context.Background()
 	ids := stage(t, pool, items("org_123", 0, 10)...)
-	start(t, pool, js, testConfig())
+	reg := prometheus.NewRegistry()
+	start(t, pool, js, testConfig(), WithRegistry(reg))
 	eventually(t, "all rows published", func() (bool, error) {
 		n, err := publishedCount(ctx, pool)
 		return n == len(ids), err
@@ -36,6 +38,14 @@ func TestPublishesCommittedRowsOnceWithContract(t *testing.T) {
 		}
 		if row.PublishedDispatch != 1 || row.PublishedAt == nil || row.State != outbox.StatePending {
 			t.Errorf("item %d not marked: %+v", row.ID, row)
+		}
+	}
+	if v, err := counterValue(reg, "aurora_relay_published_total"); err != nil || v != float64(len(ids)) {
+		t.Errorf("published_total %v (err %v), want %d", v, err, len(ids))
+	}
+	for _, name := range []string{"aurora_relay_inflight_messages", "aurora_relay_oldest_unpublished_age_seconds"} {
+		if v := gauge(t, reg, name); v != 0 {
+			t.Errorf("%s = %v after draining, want 0", name, v)
 		}
 	}
 }
