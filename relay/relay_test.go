@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/aurora-billing/aurora/shared/natstest"
 	"github.com/aurora-billing/aurora/shared/outbox"
@@ -47,5 +48,44 @@ func TestPublishesCommittedRowsOnceWithContract(t *testing.T) {
 		if v := gauge(t, reg, name); v != 0 {
 			t.Errorf("%s = %v after draining, want 0", name, v)
 		}
+	}
+}
+
+// SIGTERM in the middle of a batch: the batch finishes (its PubAcks are
+// recorded and committed) before Run returns nil, so a graceful stop leaves
+// nothing published but unmarked.
+func TestGracefulStopFinishesTheBatchInProgress(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	_, js := connect(t, natstest.New(t))
+	ctx := context.Background()
+	ids := stage(t, pool, items("org_stop", 0, 20)...)
+	cfg := testConfig()
+	cfg.Workers = 1
+	r, err := New(pool, js, cfg, WithLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	r.hooks.afterPublish = func(context.Context, []int64) error {
+		cancel() // the stop arrives after the PubAcks, before the marks
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run after a graceful stop: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	n, err := publishedCount(ctx, pool)
+	if err != nil || n != len(ids) {
+		t.Fatalf("%d of %d rows marked after the stop (err %v)", n, len(ids), err)
+	}
+	if c, _ := streamCount(js); c != uint64(len(ids)) {
+		t.Fatalf("stream holds %d, want %d", c, len(ids))
 	}
 }
