@@ -14,8 +14,8 @@ const (
 	// found by polling, since nothing NOTIFYs when time passes.
 	PollDefault = time.Second
 	// RedispatchDefault is how long a published row may stay due and
-	// unclaimed before its message is presumed lost and it is dispatched
-	// again: 300 s. It must exceed the deliverers' normal lag, or a healthy
+	// unclaimed (since both its publication and its becoming due) before its
+	// message is presumed lost and it is dispatched again: 300 s. It must exceed the deliverers' normal lag, or a healthy
 	// backlog is published twice (harmless, wasteful).
 	RedispatchDefault = 300 * time.Second
 	// RedispatchScanDefault is how often the re-dispatch sweep runs: 5000 ms.
@@ -44,9 +44,10 @@ type Config struct {
 	// PollMS: polling fallback interval in milliseconds.
 	// AURORA_RELAY_POLL_MS, default 1000, 10..60000.
 	PollMS int `env:"RELAY_POLL_MS" envDefault:"1000"`
-	// RedispatchSeconds: a row published but still due and unclaimed this
-	// many seconds after its publication gets dispatch+1 and is published
-	// again. AURORA_RELAY_REDISPATCH_SECONDS, default 300, 5..86400.
+	// RedispatchSeconds: a row published for its dispatch this many seconds
+	// ago, due for this long and still unclaimed gets dispatch+1 and is
+	// published again (its message is presumed lost).
+	// AURORA_RELAY_REDISPATCH_SECONDS, default 300, 5..86400.
 	RedispatchSeconds int `env:"RELAY_REDISPATCH_SECONDS" envDefault:"300"`
 	// RedispatchScanMS: how often the re-dispatch sweep looks for such rows,
 	// in milliseconds. AURORA_RELAY_REDISPATCH_SCAN_MS, default 5000,

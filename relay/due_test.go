@@ -102,3 +102,66 @@ func TestRetryIsPublishedAsNewDispatchWhenDue(t *testing.T) {
 		t.Fatalf("duplicates %v, want 0", v)
 	}
 }
+
+// The re-dispatch rule, row by row, by the manual clock: a row gets
+// dispatch+1 when it was published for its current dispatch more than the
+// interval ago and has been due for more than the interval (pending since
+// next_attempt_at, leased since its lease expired). A second sweep bumps
+// nothing: the bumped rows now need publishing, not re-dispatch.
+func TestRedispatchRule(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	_, js := connect(t, natstest.New(t))
+	ctx := context.Background()
+	now := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+	clk := clock.NewManual(now)
+	cfg := testConfig()
+	r, err := New(pool, js, cfg, WithClock(clk), WithLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		set    string // SET clause; $2 = now
+		bumped bool
+	}{
+		{"pending, due and published past the interval", `next_attempt_at = $2::timestamptz - interval '400 s', published_dispatch = 1, published_at = $2::timestamptz - interval '301 s'`, true},
+		{"pending, published inside the interval", `next_attempt_at = $2::timestamptz - interval '400 s', published_dispatch = 1, published_at = $2::timestamptz - interval '299 s'`, false},
+		{"pending, due only inside the interval", `next_attempt_at = $2::timestamptz - interval '100 s', published_dispatch = 1, published_at = $2::timestamptz - interval '400 s'`, false},
+		{"pending, not due", `next_attempt_at = $2::timestamptz + interval '10 s', published_dispatch = 1, published_at = $2::timestamptz - interval '1000 s'`, false},
+		{"pending, never published", `next_attempt_at = $2::timestamptz - interval '1000 s'`, false},
+		{"leased, expired past the interval", `state = 'leased', lease_token = 1, lease_expires_at = $2::timestamptz - interval '301 s', published_dispatch = 1, published_at = $2::timestamptz - interval '1000 s'`, true},
+		{"leased, expired inside the interval", `state = 'leased', lease_token = 1, lease_expires_at = $2::timestamptz - interval '10 s', published_dispatch = 1, published_at = $2::timestamptz - interval '1000 s'`, false},
+		{"leased, live lease", `state = 'leased', lease_token = 1, lease_expires_at = $2::timestamptz + interval '60 s', published_dispatch = 1, published_at = $2::timestamptz - interval '1000 s'`, false},
+		{"accepted", `state = 'accepted', next_attempt_at = $2::timestamptz - interval '1000 s', published_dispatch = 1, published_at = $2::timestamptz - interval '1000 s'`, false},
+	}
+	ids := stage(t, pool, items("org_rule", 0, len(cases))...)
+	for i, c := range cases {
+		if _, err := pool.Exec(ctx, `UPDATE outbox_items SET `+c.set+` WHERE id = $1`, ids[i], now); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+	}
+	n, err := r.sweep(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := 0
+	for i, c := range cases {
+		row, err := outbox.Get(ctx, pool, ids[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := row.Dispatch == 2; got != c.bumped {
+			t.Errorf("%s: dispatch %d, bumped %v, want %v", c.name, row.Dispatch, got, c.bumped)
+		}
+		if c.bumped {
+			want++
+		}
+	}
+	if n != want {
+		t.Fatalf("sweep reported %d, want %d", n, want)
+	}
+	if n, err := r.sweep(ctx); err != nil || n != 0 {
+		t.Fatalf("second sweep bumped %d (err %v), want 0", n, err)
+	}
+}

@@ -11,21 +11,29 @@ import (
 const sweepLimit = 1000
 
 // redispatchSQL gives dispatch+1 to rows whose published message is presumed
-// lost: due (pending with next_attempt_at <= now, or leased with an expired
-// lease), published for their current dispatch (published_dispatch =
-// dispatch) and published more than $2 seconds ago. JetStream's file store
-// syncs every 2 minutes, so a broker crash can lose acknowledged messages; an
-// operator can purge the stream. The bumped rows need publishing again
-// (published_dispatch < dispatch) and the workers publish the new
-// generation under a new Nats-Msg-Id. FOR UPDATE SKIP LOCKED skips rows a
-// worker or deliverer holds; under READ COMMITTED a row bumped by a
-// concurrent sweep is re-checked and no longer matches, so two relays never
-// bump the same generation twice.
+// lost: published for their current dispatch (published_dispatch =
+// dispatch) more than $2 seconds ago, and due for more than $2 seconds —
+// pending with next_attempt_at <= now − $2, or leased with lease_expires_at <
+// now − $2. JetStream's file store syncs every 2 minutes, so a broker crash
+// can lose acknowledged messages; an operator can purge the stream.
+//
+// "Due for the interval too" is implied for a row the relay published while
+// due (published_at >= next_attempt_at); it matters for a row whose
+// next_attempt_at moved later after publication, or whose lease expired
+// only now — its message, if it exists, gets the interval to be consumed
+// (JetStream redelivers unacked messages on its own) — and it bounds the
+// index range scans to rows due at least that long.
+//
+// The bumped rows need publishing again (published_dispatch < dispatch) and
+// the workers publish the new generation under a new Nats-Msg-Id. FOR UPDATE
+// SKIP LOCKED skips rows a worker or deliverer holds; under READ COMMITTED a
+// row bumped by a concurrent sweep is re-checked and no longer matches, so
+// two relays never bump the same generation twice.
 const redispatchSQL = `
 WITH stale_pending AS MATERIALIZED (
 	SELECT id FROM outbox_items
 	WHERE state = 'pending' AND published_dispatch = dispatch
-	  AND next_attempt_at <= coalesce($1::timestamptz, now())
+	  AND next_attempt_at <= coalesce($1::timestamptz, now()) - make_interval(secs => $2)
 	  AND published_at < coalesce($1::timestamptz, now()) - make_interval(secs => $2)
 	ORDER BY next_attempt_at
 	LIMIT $3
@@ -33,7 +41,7 @@ WITH stale_pending AS MATERIALIZED (
 ), stale_leased AS MATERIALIZED (
 	SELECT id FROM outbox_items
 	WHERE state = 'leased' AND published_dispatch = dispatch
-	  AND lease_expires_at < coalesce($1::timestamptz, now())
+	  AND lease_expires_at < coalesce($1::timestamptz, now()) - make_interval(secs => $2)
 	  AND published_at < coalesce($1::timestamptz, now()) - make_interval(secs => $2)
 	ORDER BY lease_expires_at
 	LIMIT $3
