@@ -48,11 +48,15 @@ func MsgID(key string, dispatch int32) string {
 }
 
 // Message is the body of an outbox message. It names the row; the row in
-// Postgres is the truth and carries everything else.
+// Postgres is the truth and carries everything else. Feature is a routing
+// hint only (deliverers serialise a tenant's calls per feature locally,
+// since Stripe allows one concurrent call per customer and meter); it may be
+// empty and is never trusted over the row.
 type Message struct {
 	ItemID   int64  `json:"item_id"`
 	Key      string `json:"key"`
 	Dispatch int32  `json:"dispatch"`
+	Feature  string `json:"feature,omitempty"`
 }
 
 // ErrBadMessage: a message body that is not a valid Message.
