@@ -52,7 +52,8 @@ type claimed struct {
 
 // message builds the row's JetStream message: subject
 // aurora.outbox.<exporter>.<tenant-token>, Nats-Msg-Id key.dispatch, the
-// outbox.Message body, and Nats-Expected-Stream so a stray stream capturing
+// outbox.Message body (the feature as the deliverers' routing hint), and
+// Nats-Expected-Stream so a stray stream capturing
 // the subject is refused rather than fed.
 func (c claimed) message() *nats.Msg {
 	return &nats.Msg{

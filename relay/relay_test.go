@@ -34,8 +34,8 @@ func TestPublishesCommittedRowsOnceWithContract(t *testing.T) {
 		if m.subject != outbox.Subject(row.Exporter, row.Tenant) {
 			t.Errorf("item %d subject %q, want %q", row.ID, m.subject, outbox.Subject(row.Exporter, row.Tenant))
 		}
-		if m.msgID != outbox.MsgID(row.IdempotencyKey, 1) || m.body.Key != row.IdempotencyKey || m.body.Dispatch != 1 {
-			t.Errorf("item %d: msg id %q body %+v, want dispatch 1 of key %s", row.ID, m.msgID, m.body, row.IdempotencyKey)
+		if m.msgID != outbox.MsgID(row.IdempotencyKey, 1) || m.body.Key != row.IdempotencyKey || m.body.Dispatch != 1 || m.body.Feature != row.Feature {
+			t.Errorf("item %d: msg id %q body %+v, want dispatch 1 of key %s, feature %s", row.ID, m.msgID, m.body, row.IdempotencyKey, row.Feature)
 		}
 		if row.PublishedDispatch != 1 || row.PublishedAt == nil || row.State != outbox.StatePending {
 			t.Errorf("item %d not marked: %+v", row.ID, row)
