@@ -387,7 +387,11 @@ func (d *Deliverer) handle(ctx context.Context, msg jetstream.Msg) {
 		d.m.skips.WithLabelValues(cr.Verdict.String()).Inc()
 		_ = msg.NakWithDelay(d.busy())
 	default:
-		panic(fmt.Sprintf("deliverer: unhandled verdict %v", cr.Verdict))
+		// Unreachable (the switch is exhaustive); on the message path a
+		// programming error must not kill the process: hand the message back.
+		d.m.errors.WithLabelValues("verdict").Inc()
+		d.log.Error("deliverer: unhandled verdict; message delayed", "item", m.ItemID, "verdict", cr.Verdict.String())
+		_ = msg.NakWithDelay(d.busy())
 	}
 }
 
