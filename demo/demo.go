@@ -52,7 +52,7 @@ type Options struct {
 	Input        string // access log or JSONL file; "" = the generator
 	RebaseTime   bool   // shift input so the newest timestamp is now
 	Faults       string // emulator faults, e.g. "drop-after-apply=0.1,http500=0.1"
-	Deliverers   int    // deliverer instances (default 3)
+	Deliverers   int    // deliverer instances (default 2)
 	Timeout      time.Duration
 	KeepDatabase bool
 	Seed         uint64 // generator and emulator seed
@@ -94,7 +94,7 @@ var features = []string{feed.FeatureAPICalls, feed.FeatureEgressBytes}
 // Run executes the demo. It returns the summary even with ErrNotDrained.
 func Run(ctx context.Context, o Options) (*Summary, error) {
 	if o.Deliverers <= 0 {
-		o.Deliverers = 3
+		o.Deliverers = 2
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 5 * time.Minute

@@ -12,6 +12,7 @@ import (
 
 	"github.com/aurora-billing/aurora/demo"
 	"github.com/aurora-billing/aurora/shared/config"
+	"github.com/aurora-billing/aurora/stripeemulator"
 	"github.com/spf13/cobra"
 )
 
@@ -70,6 +71,14 @@ The demo shortens retry backoff (base 1 s, cap 10 s) unless AURORA_OUTBOX_BACKOF
 			if cfg.StripeKey != "" && o.Faults != "" {
 				return usageError{errors.New("--faults applies to the emulator only; unset AURORA_STRIPE_API_KEY to use it")}
 			}
+			if _, err := stripeemulator.ParseFaults(o.Faults); err != nil {
+				return usageError{fmt.Errorf("--faults: %w", err)}
+			}
+			if o.Input != "" {
+				if fi, err := os.Stat(o.Input); err != nil || fi.IsDir() {
+					return usageError{fmt.Errorf("--input %s: not a readable file", o.Input)}
+				}
+			}
 			if o.Deliverers < 1 || o.Deliverers > 32 {
 				return usageError{fmt.Errorf("--deliverers must be 1..32, got %d", o.Deliverers)}
 			}
@@ -103,7 +112,7 @@ The demo shortens retry backoff (base 1 s, cap 10 s) unless AURORA_OUTBOX_BACKOF
 	f.BoolVar(&o.RebaseTime, "rebase-time", false, "shift input timestamps so the newest lands at now")
 	f.BoolVar(&asJSON, "json", false, "print the summary as JSON (a stable contract)")
 	f.StringVar(&o.Faults, "faults", "", "emulator faults, e.g. drop-after-apply=0.1,http500=0.1,http429=0.1,latency=20ms")
-	f.IntVar(&o.Deliverers, "deliverers", 3, "deliverer instances (1..32)")
+	f.IntVar(&o.Deliverers, "deliverers", 2, "deliverer instances (1..32)")
 	f.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "give up waiting for the pipeline to drain after this long")
 	f.BoolVar(&o.KeepDatabase, "keep-database", false, "keep the demo database (its name is in the summary) for inspection")
 	f.Uint64Var(&o.Seed, "seed", 1, "seed of the generator and of the emulator's faults")

@@ -1,0 +1,150 @@
+package demo
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/aurora-billing/aurora/migrations/dbtest"
+	"github.com/aurora-billing/aurora/shared/config"
+)
+
+const accessLog = "../../shared/data/access-logs/elastic-apache_logs.log"
+
+func testOptions(t *testing.T) Options {
+	t.Helper()
+	var ob config.Outbox
+	if err := config.LoadFrom(&ob, map[string]string{"AURORA_OUTBOX_BACKOFF_BASE_SECONDS": "1", "AURORA_OUTBOX_BACKOFF_CAP_SECONDS": "2"}); err != nil {
+		t.Fatal(err)
+	}
+	return Options{DatabaseURL: dbtest.AdminURL(), Account: "acct_demo_test", Outbox: ob, Timeout: 4 * time.Minute, Seed: 7}
+}
+
+// head writes the first n lines of the shared access log to a temp file.
+func head(t *testing.T, n int) string {
+	t.Helper()
+	in, err := os.Open(accessLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	p := filepath.Join(t.TempDir(), "head.log")
+	out, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	sc := bufio.NewScanner(in)
+	for i := 0; i < n && sc.Scan(); i++ {
+		out.WriteString(sc.Text() + "\n")
+	}
+	return p
+}
+
+func assertBalanced(t *testing.T, s *Summary) {
+	t.Helper()
+	if !s.Drained || s.ItemsByState["pending"] != 0 || s.ItemsByState["leased"] != 0 {
+		t.Fatalf("not drained: %+v", s.ItemsByState)
+	}
+	if s.ProviderDuplicateApplications != 0 {
+		t.Fatalf("%d identifiers applied twice", s.ProviderDuplicateApplications)
+	}
+	for f, q := range s.CommittedQuantity {
+		if s.ProviderAppliedQuantity[f] != q {
+			t.Fatalf("%s: committed %d, provider applied %d", f, q, s.ProviderAppliedQuantity[f])
+		}
+	}
+	for _, st := range []string{"pending", "leased", "accepted", "confirmed", "uncertain", "rejected", "quarantined"} {
+		if _, ok := s.ItemsByState[st]; !ok {
+			t.Fatalf("items_by_state lacks %s", st)
+		}
+	}
+}
+
+// Must show (issue 5): the shared access log, rebased: nothing pending or
+// leased, applied = committed per feature, no identifier applied twice.
+func TestDemoAccessLogRebased(t *testing.T) {
+	t.Parallel()
+	o := testOptions(t)
+	o.Input, o.RebaseTime = accessLog, true
+	s, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertBalanced(t, s)
+	if s.UsageEvents != 19331 || s.ItemsStaged != 19331 || s.Tenants != 1753 || s.ItemsByState["accepted"] != 19331 {
+		t.Fatalf("%+v", s)
+	}
+	if s.CommittedQuantity["api_calls"] != 10000 {
+		t.Fatalf("api_calls committed %d, want one per request", s.CommittedQuantity["api_calls"])
+	}
+}
+
+// Must show: the same under drop-after-apply, 500 and 429 faults.
+func TestDemoWithFaults(t *testing.T) {
+	t.Parallel()
+	o := testOptions(t)
+	o.Input, o.RebaseTime = head(t, 1500), true
+	o.Faults = "drop-after-apply=0.1,http500=0.1,http429=0.1"
+	s, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertBalanced(t, s)
+	if s.ItemsByState["accepted"] != s.ItemsStaged {
+		t.Fatalf("%+v", s.ItemsByState)
+	}
+	if s.ProviderRequests["dropped"] == 0 || s.ProviderRequests["server_error"] == 0 || s.ProviderRequests["rate_limited"] == 0 {
+		t.Fatalf("faults not exercised: %v", s.ProviderRequests)
+	}
+}
+
+// Must show: without --rebase-time the 2015 lines are quarantined
+// timestamp_outside_window and nothing is sent for them.
+func TestDemoOldLinesQuarantinedNotSent(t *testing.T) {
+	t.Parallel()
+	o := testOptions(t)
+	o.Input = head(t, 500)
+	s, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ItemsByState["quarantined"] != s.ItemsStaged || s.QuarantinedByReason["timestamp_outside_window"] != s.ItemsStaged {
+		t.Fatalf("%+v %+v", s.ItemsByState, s.QuarantinedByReason)
+	}
+	if s.ProviderRequests["applied"] != 0 || s.ProviderAppliedQuantity["api_calls"] != 0 {
+		t.Fatalf("sent something: %v", s.ProviderRequests)
+	}
+}
+
+func TestDemoMalformedLinesCountedNotStaged(t *testing.T) {
+	t.Parallel()
+	p := filepath.Join(t.TempDir(), "mixed.log")
+	now := time.Now().UTC().Format("02/Jan/2006:15:04:05 -0700")
+	content := "1.2.3.4 - - [" + now + "] \"GET / HTTP/1.1\" 200 10 \"-\" \"x\"\nnot a log line\n\n5.6.7.8 - - [" + now + "] \"GET / HTTP/1.1\" 200 - \"-\" \"x\"\n"
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o := testOptions(t)
+	o.Input = p
+	s, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.MalformedLines != 1 || len(s.FirstMalformed) != 1 || s.FirstMalformed[0].Line != 2 || s.ItemsStaged != 3 {
+		t.Fatalf("%+v", s)
+	}
+	assertBalanced(t, s)
+}
+
+func TestDemoBadInputFile(t *testing.T) {
+	t.Parallel()
+	o := testOptions(t)
+	o.Input = filepath.Join(t.TempDir(), "missing.log")
+	if _, err := Run(context.Background(), o); err == nil {
+		t.Fatal("missing input accepted")
+	}
+}
