@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/aurora-billing/aurora/shared/outbox"
@@ -41,7 +42,15 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s, err := js.CreateOrUpdateStream(ctx, StreamConfigFor(cfg))
+	want := StreamConfigFor(cfg)
+	// Leave a stream that already has our settings alone: every relay start
+	// would otherwise rewrite it, and nats-server v2.15.2 races a stream
+	// update against a concurrent consumer creation (a data race the race
+	// detector reports, seen when deliverers start beside a relay).
+	if cur, err := js.Stream(ctx, outbox.StreamName); err == nil && managedEqual(cur.CachedInfo().Config, want) {
+		return cur, nil
+	}
+	s, err := js.CreateOrUpdateStream(ctx, want)
 	if err != nil {
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) {
@@ -50,4 +59,12 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		return nil, fmt.Errorf("relay: ensure stream %s: %w", outbox.StreamName, err)
 	}
 	return s, nil
+}
+
+// managedEqual reports whether have already carries every setting
+// StreamConfigFor manages.
+func managedEqual(have, want jetstream.StreamConfig) bool {
+	return have.Description == want.Description && slices.Equal(have.Subjects, want.Subjects) &&
+		have.Retention == want.Retention && have.Storage == want.Storage && have.Replicas == want.Replicas &&
+		have.Duplicates == want.Duplicates && have.Discard == want.Discard
 }
