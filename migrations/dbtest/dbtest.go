@@ -115,6 +115,7 @@ func buildTemplate(ctx context.Context) (string, error) {
 		return "", err
 	}
 	if exists {
+		dropStaleTemplates(ctx, admin, name)
 		return name, nil
 	}
 	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
@@ -129,6 +130,7 @@ func buildTemplate(ctx context.Context) (string, error) {
 	if _, err := admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH is_template = true ALLOW_CONNECTIONS = false"); err != nil {
 		return "", err
 	}
+	dropStaleTemplates(ctx, admin, name)
 	return name, nil
 }
 
@@ -210,5 +212,26 @@ func dropDatabase(t testing.TB, name string) {
 	defer c.Close(ctx)
 	if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
 		t.Logf("dbtest: drop %s: %v", name, err)
+	}
+}
+
+// dropStaleTemplates drops the templates of older migration sets: dead
+// weight on the server. One still being cloned by another binary refuses
+// and is left for next time.
+func dropStaleTemplates(ctx context.Context, admin *pgx.Conn, current string) {
+	rows, err := admin.Query(ctx, "SELECT datname FROM pg_database WHERE datname LIKE 'aurora\\_tmpl\\_%' AND datname <> $1", current)
+	if err == nil {
+		var stale []string
+		for rows.Next() {
+			var n string
+			if rows.Scan(&n) == nil {
+				stale = append(stale, n)
+			}
+		}
+		rows.Close()
+		for _, n := range stale {
+			_, _ = admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{n}.Sanitize()+" WITH is_template = false")
+			_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{n}.Sanitize())
+		}
 	}
 }
