@@ -67,6 +67,8 @@ type Options struct {
 type Summary struct {
 	Input                         string           `json:"input"`
 	UsageEvents                   int              `json:"usage_events"`
+	RejectedEvents                int              `json:"rejected_events"`
+	FirstRejected                 []Rejected       `json:"first_rejected"`
 	MalformedLines                int              `json:"malformed_lines"`
 	FirstMalformed                []feed.Malformed `json:"first_malformed"`
 	Tenants                       int              `json:"tenants"`
@@ -83,6 +85,14 @@ type Summary struct {
 	Drained                       bool             `json:"drained"`
 	ElapsedSeconds                float64          `json:"elapsed_seconds"`
 	ItemsPerSecond                float64          `json:"items_per_second"`
+}
+
+// Rejected is a well-formed input event the usage API refused (a correction
+// of an unknown event, an event id reused with other content, …). It is
+// counted and reported, never staged, and never aborts the run.
+type Rejected struct {
+	EventID string `json:"event_id"`
+	Reason  string `json:"reason"`
 }
 
 // ErrNotDrained: items were still pending or leased when the timeout hit.
@@ -104,7 +114,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	}
 	log := o.Logger
 	sum := &Summary{ItemsByState: map[string]int{}, QuarantinedByReason: map[string]int{}, CommittedQuantity: map[string]int64{},
-		ProviderAppliedQuantity: map[string]int64{}, ProviderRequests: map[string]int{}, FirstMalformed: []feed.Malformed{}}
+		ProviderAppliedQuantity: map[string]int64{}, ProviderRequests: map[string]int{}, FirstMalformed: []feed.Malformed{}, FirstRejected: []Rejected{}}
 	for _, s := range outbox.States {
 		sum.ItemsByState[string(s)] = 0
 	}
@@ -263,9 +273,12 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		Recorder: usage.Recorder{DestinationAccount: o.Account, Mode: mode, Period: usage.PeriodDay},
 		Sources:  usage.Sources{feed.FeatureAPICalls: usage.SourceEvents, feed.FeatureEgressBytes: usage.SourceEvents},
 	}
-	if err := record(ctx, pool, gate, res.Events); err != nil {
+	rejected, err := record(ctx, pool, gate, res.Events)
+	if err != nil {
 		return nil, err
 	}
+	sum.RejectedEvents = len(rejected)
+	sum.FirstRejected = append(sum.FirstRejected, rejected[:min(len(rejected), feed.MaxReported)]...)
 	drained, err := waitDrained(ctx, pool, o.Timeout, o.Progress, errc)
 	sum.ElapsedSeconds = time.Since(began).Seconds()
 	stopRun()
@@ -410,11 +423,15 @@ func provisionCustomers(ctx context.Context, pool *pgxpool.Pool, api *client.API
 }
 
 // record replays events in transactions of up to 500 (Gate.RecordBatch)
-// across 4 writers.
-func record(ctx context.Context, pool *pgxpool.Pool, gate usage.Gate, events []usage.Event) error {
+// across 4 writers. A batch that fails on an event the usage API refuses
+// (isDataError) is replayed one event per transaction, so only the refused
+// events are left out; they are returned, not fatal.
+func record(ctx context.Context, pool *pgxpool.Pool, gate usage.Gate, events []usage.Event) ([]Rejected, error) {
 	const batch, writers = 500, 4
 	jobs := make(chan []usage.Event)
 	errc := make(chan error, writers)
+	var mu sync.Mutex
+	var rejected []Rejected
 	var wg sync.WaitGroup
 	for range writers {
 		wg.Add(1)
@@ -425,8 +442,25 @@ func record(ctx context.Context, pool *pgxpool.Pool, gate usage.Gate, events []u
 					_, err := gate.RecordBatch(ctx, tx, chunk)
 					return err
 				})
+				if err != nil && isDataError(err) {
+					err = nil
+					for _, ev := range chunk {
+						e := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+							_, _, err := gate.Record(ctx, tx, ev)
+							return err
+						})
+						if e != nil && isDataError(e) {
+							mu.Lock()
+							rejected = append(rejected, Rejected{EventID: ev.EventID, Reason: e.Error()})
+							mu.Unlock()
+						} else if e != nil {
+							err = e
+							break
+						}
+					}
+				}
 				if err != nil {
-					errc <- err
+					errc <- fmt.Errorf("demo: record: %w", err)
 					return
 				}
 			}
@@ -443,10 +477,23 @@ func record(ctx context.Context, pool *pgxpool.Pool, gate usage.Gate, events []u
 	close(jobs)
 	wg.Wait()
 	close(errc)
-	if sendErr != nil {
-		return sendErr
+	if sendErr == nil {
+		sendErr = <-errc
 	}
-	return <-errc
+	sort.Slice(rejected, func(i, j int) bool { return rejected[i].EventID < rejected[j].EventID })
+	return rejected, sendErr
+}
+
+// isDataError reports whether err is the usage API refusing one event (as
+// opposed to the database failing).
+func isDataError(err error) bool {
+	for _, target := range []error{usage.ErrInvalidEvent, usage.ErrEventConflict, usage.ErrCorrectedUnknown,
+		usage.ErrCorrectionExceeds, usage.ErrAlreadyCancelled, usage.ErrNotCorrection, outbox.ErrPayloadConflict, outbox.ErrInvalidItem} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
 }
 
 func waitDrained(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration, progress io.Writer, errc <-chan error) (bool, error) {

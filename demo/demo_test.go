@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -147,4 +148,32 @@ func TestDemoBadInputFile(t *testing.T) {
 	if _, err := Run(context.Background(), o); err == nil {
 		t.Fatal("missing input accepted")
 	}
+}
+
+// Events the usage API refuses (a correction of an unknown event, an id
+// reused with other content) are counted and reported, never staged, and
+// never abort the run; the rest of their batch still goes out.
+func TestDemoRefusedEventsAreCountedNotFatal(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC().Add(-time.Minute).Format(time.RFC3339)
+	lines := []string{
+		`{"tenant":"org_1","event_id":"e1","feature":"api_calls","quantity":3,"timestamp":"` + now + `"}`,
+		`{"tenant":"org_1","event_id":"e2","feature":"api_calls","quantity":1,"timestamp":"` + now + `","corrects":"nope"}`,
+		`{"tenant":"org_1","event_id":"e1","feature":"api_calls","quantity":4,"timestamp":"` + now + `"}`,
+		`{"tenant":"org_2","event_id":"e3","feature":"api_calls","quantity":2,"timestamp":"` + now + `"}`,
+	}
+	p := filepath.Join(t.TempDir(), "usage.jsonl")
+	if err := os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o := testOptions(t)
+	o.Input = p
+	s, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.RejectedEvents != 2 || len(s.FirstRejected) != 2 || s.ItemsStaged != 2 || s.CommittedQuantity["api_calls"] != 5 {
+		t.Fatalf("%+v", s)
+	}
+	assertBalanced(t, s)
 }

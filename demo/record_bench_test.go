@@ -31,7 +31,7 @@ func BenchmarkRecordAccessLog(b *testing.B) {
 		b.StopTimer()
 		pool := dbtest.New(b)
 		b.StartTimer()
-		if err := record(context.Background(), pool, gate, res.Events); err != nil {
+		if _, err := record(context.Background(), pool, gate, res.Events); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/aurora-billing/aurora/shared/config"
 	"log/slog"
-	"net/url"
 	"time"
 
 	"github.com/aurora-billing/aurora/shared/clock"
@@ -346,11 +346,5 @@ func errorClass(err error) string {
 	}
 }
 
-// redactURL hides a URL's password.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparseable)"
-	}
-	return u.Redacted()
-}
+// redactURL hides a URL's secrets (password, ?password=…); see config.RedactURL.
+func redactURL(raw string) string { return config.RedactURL(raw) }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aurora-billing/aurora/deliverer/stripeexport"
 	"github.com/aurora-billing/aurora/demo"
 	"github.com/aurora-billing/aurora/shared/config"
 	"github.com/aurora-billing/aurora/stripeemulator"
@@ -82,6 +83,23 @@ The demo shortens retry backoff (base 1 s, cap 10 s) unless AURORA_OUTBOX_BACKOF
 			if o.Deliverers < 1 || o.Deliverers > 32 {
 				return usageError{fmt.Errorf("--deliverers must be 1..32, got %d", o.Deliverers)}
 			}
+			if o.GenTenants < 1 || o.GenTenants > 100000 {
+				return usageError{fmt.Errorf("--tenants must be 1..100000, got %d", o.GenTenants)}
+			}
+			if o.GenRequests < 1 || o.GenRequests > 10000000 {
+				return usageError{fmt.Errorf("--requests must be 1..10000000, got %d", o.GenRequests)}
+			}
+			if o.Timeout <= 0 {
+				return usageError{fmt.Errorf("--timeout must be positive, got %s", o.Timeout)}
+			}
+			if cmd.Flags().Changed("input") && o.Input == "" {
+				return usageError{errors.New("--input needs a file (leave the flag out to use the generator)")}
+			}
+			if cfg.StripeKey != "" {
+				if err := (stripeexport.Config{APIKey: cfg.StripeKey, APIBase: cfg.StripeBase}).Validate(); err != nil {
+					return err
+				}
+			}
 			if validate {
 				fmt.Fprintln(cmd.OutOrStdout(), "configuration valid")
 				return nil
@@ -139,11 +157,14 @@ func printSummary(cmd *cobra.Command, s *demo.Summary) {
 		fmt.Fprintf(w, " (faults %s)", s.Faults)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "  usage events      %d from %d tenants (%d malformed lines)\n", s.UsageEvents, s.Tenants, s.MalformedLines)
+	fmt.Fprintf(w, "  usage events      %d from %d tenants (%d malformed lines, %d events refused)\n", s.UsageEvents, s.Tenants, s.MalformedLines, s.RejectedEvents)
 	for _, m := range s.FirstMalformed {
 		fmt.Fprintf(w, "    line %d: %s\n", m.Line, m.Reason)
 	}
-	fmt.Fprintf(w, "  items staged      %d in %.1fs (%.0f items/s), drained=%v\n", s.ItemsStaged, s.ElapsedSeconds, s.ItemsPerSecond, s.Drained)
+	for _, r := range s.FirstRejected {
+		fmt.Fprintf(w, "    event %s: %s\n", r.EventID, r.Reason)
+	}
+	fmt.Fprintf(w, "  items staged      %d; staged to resolved in %.1fs (%.0f items/s), drained=%v\n", s.ItemsStaged, s.ElapsedSeconds, s.ItemsPerSecond, s.Drained)
 	fmt.Fprint(w, "  items by state   ")
 	for _, st := range []string{"pending", "leased", "accepted", "confirmed", "uncertain", "rejected", "quarantined"} {
 		fmt.Fprintf(w, " %s=%d", st, s.ItemsByState[st])

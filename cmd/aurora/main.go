@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/aurora-billing/aurora/migrations"
@@ -50,13 +51,17 @@ func run(ctx context.Context, args []string) int {
 		newInboxCmd(),
 		newStripeEmulatorCmd(),
 	)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return 0
 	}
 	fmt.Fprintln(os.Stderr, "aurora: "+err.Error())
-	if errors.Is(err, config.ErrInvalid) || isUsageError(err) {
+	msg := err.Error()
+	cobraUsage := strings.HasPrefix(msg, "unknown command") || strings.HasPrefix(msg, "accepts ") ||
+		strings.HasPrefix(msg, "requires ") || strings.HasPrefix(msg, "unknown flag") || strings.HasPrefix(msg, "required flag")
+	if errors.Is(err, config.ErrInvalid) || isUsageError(err) || cobraUsage {
 		return 2
 	}
 	return 1

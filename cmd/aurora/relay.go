@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
 	"time"
 
 	"github.com/aurora-billing/aurora/relay"
@@ -39,13 +38,8 @@ func (c relayConfig) Validate() error {
 	return errors.Join(c.Database.Validate(), c.NATS.Validate(), c.Config.Validate(), addr)
 }
 
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparseable)"
-	}
-	return u.Redacted()
-}
+// redactURL hides a URL's secrets (password, ?password=…); see config.RedactURL.
+func redactURL(raw string) string { return config.RedactURL(raw) }
 
 func newRelayCmd() *cobra.Command {
 	var validate bool

@@ -216,3 +216,27 @@ func (e Export) Validate() error {
 		OneOf("STRIPE_MODE", e.StripeMode, "test", "live"),
 		OneOf("USAGE_PERIOD", e.UsagePeriod, "hour", "day", "month"))
 }
+
+// RedactURL returns raw with its secrets hidden, for printing and logging: the
+// user-info password and every query parameter whose name mentions a
+// password, secret, token or key (e.g. Postgres's ?password=…) become "xxxxx".
+// A value that does not parse as a URL is replaced whole.
+func RedactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparseable URL, redacted)"
+	}
+	q := u.Query()
+	changed := false
+	for k := range q {
+		lk := strings.ToLower(k)
+		if strings.Contains(lk, "pass") || strings.Contains(lk, "secret") || strings.Contains(lk, "token") || strings.Contains(lk, "key") {
+			q.Set(k, "xxxxx")
+			changed = true
+		}
+	}
+	if changed {
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
+}

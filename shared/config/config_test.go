@@ -69,3 +69,20 @@ func TestMalformedNumberIsInvalid(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+func TestRedactURL(t *testing.T) {
+	t.Parallel()
+	tests := map[string]string{
+		"postgres://u:s3cret@h:5432/db":                   "postgres://u:xxxxx@h:5432/db",
+		"postgres://h/db?password=s3cret&sslmode=disable": "postgres://h/db?password=xxxxx&sslmode=disable",
+		"postgres://h/db?sslpassword=s3cret":              "postgres://h/db?sslpassword=xxxxx",
+		"nats://127.0.0.1:4222":                           "nats://127.0.0.1:4222",
+		"https://api.stripe.com?api_key=sk_live_1&x=1":    "https://api.stripe.com?api_key=xxxxx&x=1",
+		"%%%": "(unparseable URL, redacted)",
+	}
+	for in, want := range tests {
+		if got := RedactURL(in); got != want || strings.Contains(got, "s3cret") {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
