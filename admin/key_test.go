@@ -59,3 +59,14 @@ func TestMigrateUpTwiceSecondIsNoOp(t *testing.T) {
 		t.Fatalf("status: code %d out %q", code, out)
 	}
 }
+
+func TestValidateFlag(t *testing.T) {
+	code, out, _ := runCtl(t, map[string]string{"AURORA_DATABASE_URL": "postgres://postgres@127.0.0.1:5432/test", "AURORA_ACTOR": "liam"}, "--validate")
+	if code != 0 || out != "configuration valid (actor liam)\n" {
+		t.Fatalf("code %d out %q", code, out)
+	}
+	code, _, stderr := runCtl(t, map[string]string{"AURORA_DATABASE_URL": "mysql://x"}, "recovery", "list", "--validate")
+	if code != ExitInvalidInput || !strings.Contains(stderr, "AURORA_DATABASE_URL") {
+		t.Fatalf("code %d stderr %q", code, stderr)
+	}
+}

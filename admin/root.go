@@ -39,6 +39,10 @@ func invalidInput(format string, args ...any) error {
 	return &ExitError{Code: ExitInvalidInput, Msg: fmt.Sprintf(format, args...)}
 }
 
+// errValidated ends a --validate run successfully without running the
+// command.
+var errValidated = errors.New("auroractl: configuration validated")
+
 // IO holds the streams a command writes to.
 type IO struct {
 	Out io.Writer
@@ -52,6 +56,27 @@ func NewRootCmd(streams IO) *cobra.Command {
 		Short:         "Operate aurora: migrations, keys, recovery, cutover, inbox dead letters",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+	}
+	var validate bool
+	root.PersistentFlags().BoolVar(&validate, "validate", false, "check the configuration (AURORA_DATABASE_URL, AURORA_ACTOR) and exit")
+	check := func(cmd *cobra.Command) error {
+		if _, err := databaseURL(); err != nil {
+			return err
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "configuration valid (actor %s)\n", Actor(""))
+		return errValidated
+	}
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		if validate {
+			return check(cmd)
+		}
+		return nil
+	}
+	root.RunE = func(cmd *cobra.Command, _ []string) error {
+		if validate {
+			return check(cmd)
+		}
+		return cmd.Help()
 	}
 	root.SetOut(streams.Out)
 	root.SetErr(streams.Err)
@@ -76,7 +101,7 @@ func Main(ctx context.Context, args []string, streams IO) int {
 	root := NewRootCmd(streams)
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
-	if err == nil {
+	if err == nil || errors.Is(err, errValidated) {
 		return ExitOK
 	}
 	var ee *ExitError
