@@ -1,15 +1,12 @@
 package stripeemulator_test
 
 import (
-	"bufio"
 	"errors"
-	"os/exec"
-	"regexp"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/aurora-billing/aurora/stripeemulator"
+	"github.com/aurora-billing/aurora/stripeemulator/stripemocktest"
 	stripe "github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/client"
 )
@@ -134,52 +131,9 @@ func TestContractEmulator(t *testing.T) {
 // go install github.com/stripe/stripe-mock@v0.203.0).
 func TestContractStripeMock(t *testing.T) {
 	t.Parallel()
-	bin, err := exec.LookPath("stripe-mock")
-	if err != nil {
-		t.Skip("stripe-mock is not on PATH, so the request shapes are not checked against Stripe's OpenAPI spec; install it with: go install github.com/stripe/stripe-mock@v0.203.0")
+	url, ok := stripemocktest.Start(t)
+	if !ok {
+		t.Skip("stripe-mock is not on PATH, so the request shapes are not checked against Stripe's OpenAPI spec; install it with: " + stripemocktest.InstallHint)
 	}
-	url := startStripeMock(t, bin)
 	runContract(t, contractTarget{sc: stripeClient(url, "sk_test_123", nil), meterID: "mtr_123", customer: "cus_123"})
-}
-
-var listenLine = regexp.MustCompile(`Listening for HTTP at address: (\S+)`)
-
-// startStripeMock runs stripe-mock on loopback with system-chosen ports
-// (HTTPS too: by default it would take 12112) and returns its HTTP URL.
-func startStripeMock(t *testing.T, bin string) string {
-	t.Helper()
-	cmd := exec.Command(bin, "-http-addr", "127.0.0.1:", "-https-addr", "127.0.0.1:")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start stripe-mock: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		found := false
-		for sc.Scan() {
-			if m := listenLine.FindStringSubmatch(sc.Text()); m != nil && !found {
-				found = true
-				addr <- m[1]
-			}
-		}
-	}()
-	select {
-	case a := <-addr:
-		if !strings.HasPrefix(a, "127.0.0.1:") {
-			t.Fatalf("stripe-mock listens on %s, want loopback", a)
-		}
-		return "http://" + a
-	case <-time.After(30 * time.Second):
-		t.Fatal("stripe-mock did not report its HTTP address within 30 s")
-		return ""
-	}
 }

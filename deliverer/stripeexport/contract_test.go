@@ -1,17 +1,14 @@
 package stripeexport
 
 import (
-	"bufio"
 	"context"
 	"net/http/httptest"
-	"os/exec"
-	"regexp"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/aurora-billing/aurora/deliverer"
 	"github.com/aurora-billing/aurora/stripeemulator"
+	"github.com/aurora-billing/aurora/stripeemulator/stripemocktest"
 )
 
 // TestContract sends the exporter's real request to the emulator and to
@@ -35,10 +32,10 @@ func TestContract(t *testing.T) {
 	hs := httptest.NewServer(emu)
 	defer hs.Close()
 	targets := map[string]string{"emulator": hs.URL}
-	if bin, err := exec.LookPath("stripe-mock"); err == nil {
-		targets["stripe-mock"] = startStripeMock(t, bin)
+	if url, ok := stripemocktest.Start(t); ok {
+		targets["stripe-mock"] = url
 	} else {
-		t.Log("stripe-mock is not on PATH: the shape is checked against the emulator only; install: go install github.com/stripe/stripe-mock@v0.203.0")
+		t.Log("stripe-mock is not on PATH: the shape is checked against the emulator only; install: " + stripemocktest.InstallHint)
 	}
 	for name, url := range targets {
 		exp, err := New(Config{APIKey: "sk_test_123", APIBase: url}, 10*time.Second, 2)
@@ -49,47 +46,5 @@ func TestContract(t *testing.T) {
 		if res.Outcome != deliverer.OutcomeAccepted || res.HTTPStatus != 200 {
 			t.Errorf("%s: %+v", name, res)
 		}
-	}
-}
-
-var listenLine = regexp.MustCompile(`Listening for HTTP at address: (\S+)`)
-
-// startStripeMock runs stripe-mock on loopback with system-chosen ports and
-// returns its HTTP URL.
-func startStripeMock(t *testing.T, bin string) string {
-	t.Helper()
-	cmd := exec.Command(bin, "-http-addr", "127.0.0.1:", "-https-addr", "127.0.0.1:")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start stripe-mock: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		found := false
-		for sc.Scan() {
-			if m := listenLine.FindStringSubmatch(sc.Text()); m != nil && !found {
-				found = true
-				addr <- m[1]
-			}
-		}
-	}()
-	select {
-	case a := <-addr:
-		if !strings.HasPrefix(a, "127.0.0.1:") {
-			t.Fatalf("stripe-mock listens on %s, want loopback", a)
-		}
-		return "http://" + a
-	case <-time.After(30 * time.Second):
-		t.Fatal("stripe-mock did not report its HTTP address within 30 s")
-		return ""
 	}
 }
