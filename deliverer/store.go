@@ -176,6 +176,15 @@ upd AS (
 att AS (
     INSERT INTO outbox_attempts (item_id, attempt, lease_token, started_at)
     SELECT u.id, u.attempts, u.lease_token, clk.now FROM upd u CROSS JOIN clk
+),
+-- A reclaim closes the attempts whose holder went silent (its lease expired
+-- with no outcome: a killed worker never writes one) as stale_lease, so no
+-- attempt row stays open forever. If the holder was only slow, its late
+-- write is refused as stale and fills in what the call answered.
+gone AS (
+    UPDATE outbox_attempts a SET finished_at = clk.now, outcome = 'stale_lease', error_code = 'lease_taken_over'
+    FROM upd u CROSS JOIN clk
+    WHERE a.item_id = u.id AND a.outcome IS NULL AND a.lease_token < u.lease_token
 )
 SELECT r.id, clk.now, p.id IS NOT NULL, p.state, p.dispatch, p.exporter, p.idempotency_key, p.next_attempt_at, p.lease_expires_at,
        c.id IS NOT NULL,

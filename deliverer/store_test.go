@@ -97,6 +97,12 @@ func TestClaimTransitions(t *testing.T) {
 	if r2.Verdict != verdictClaimed || r2.Item.LeaseToken != 2 || r2.Item.Attempts != 2 || !r2.Item.FirstAttemptAt.Equal(f.now) {
 		t.Fatalf("reclaim %+v", r2)
 	}
+	// the reclaim closed the silent holder's attempt (a killed worker never would)
+	var closed, code string
+	if err := f.pool.QueryRow(context.Background(), `SELECT outcome, error_code FROM outbox_attempts WHERE item_id = $1 AND lease_token = 1`, row.ID).Scan(&closed, &code); err != nil ||
+		closed != "stale_lease" || code != "lease_taken_over" {
+		t.Fatalf("attempt 1 after the reclaim: %q %q %v", closed, code, err)
+	}
 	// the first holder's write is stale; the attempt row says so
 	err := recordOutcome(context.Background(), f.pool, record{Item: r.Item, Outcome: OutcomeAccepted})
 	if !errors.Is(err, outbox.ErrStaleLease) {
