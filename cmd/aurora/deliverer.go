@@ -11,8 +11,6 @@ import (
 	"github.com/aurora-billing/aurora/deliverer/stripeexport"
 	"github.com/aurora-billing/aurora/shared/config"
 	"github.com/aurora-billing/aurora/shared/ops"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
@@ -86,27 +84,14 @@ AURORA_DELIVERER_SHUTDOWN_SECONDS, AURORA_DELIVERER_DB_CONNS, AURORA_DELIVERER_H
 
 func runDeliverer(ctx context.Context, cfg delivererConfig) error {
 	log := logger()
-	pcfg, err := pgxpool.ParseConfig(cfg.Database.URL)
+	pool, err := openPool(ctx, "deliverer", cfg.Database.URL, cfg.DBConns)
 	if err != nil {
-		return fmt.Errorf("deliverer: database: %w", err)
-	}
-	pcfg.MaxConns = int32(cfg.DBConns)
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("deliverer: database: %w", err)
+		return err
 	}
 	defer pool.Close()
-
-	nc, err := nats.Connect(cfg.NATS.URL,
-		nats.Name("aurora-deliverer"),
-		nats.MaxReconnects(-1), // an outage is waited out, never fatal
-		nats.RetryOnFailedConnect(true),
-		nats.ReconnectWait(time.Second),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("deliverer: NATS disconnected", "err", err) }),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Info("deliverer: NATS reconnected") }),
-	)
+	nc, err := connectNATS("deliverer", cfg.NATS.URL, log)
 	if err != nil {
-		return fmt.Errorf("deliverer: nats: %w", err)
+		return err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

@@ -10,8 +10,6 @@ import (
 	"github.com/aurora-billing/aurora/relay"
 	"github.com/aurora-billing/aurora/shared/config"
 	"github.com/aurora-billing/aurora/shared/ops"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
@@ -79,27 +77,14 @@ AURORA_OUTBOX_STREAM_REPLICAS, AURORA_OUTBOX_DUPLICATE_WINDOW_SECONDS, AURORA_RE
 func runRelay(cmd *cobra.Command, cfg relayConfig) error {
 	ctx := cmd.Context()
 	log := logger()
-	pcfg, err := pgxpool.ParseConfig(cfg.Database.URL)
+	pool, err := openPool(ctx, "relay", cfg.Database.URL, cfg.Workers+4) // one per worker, the sweep, scrapes and readiness
 	if err != nil {
-		return fmt.Errorf("relay: database: %w", err)
-	}
-	pcfg.MaxConns = int32(cfg.Workers + 4) // one per worker, the sweep, scrapes and readiness
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("relay: database: %w", err)
+		return err
 	}
 	defer pool.Close()
-
-	nc, err := nats.Connect(cfg.NATS.URL,
-		nats.Name("aurora-relay"),
-		nats.MaxReconnects(-1), // an outage is waited out, never fatal
-		nats.RetryOnFailedConnect(true),
-		nats.ReconnectWait(time.Second),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("relay: NATS disconnected", "err", err) }),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Info("relay: NATS reconnected") }),
-	)
+	nc, err := connectNATS("relay", cfg.NATS.URL, log)
 	if err != nil {
-		return fmt.Errorf("relay: nats: %w", err)
+		return err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc,
