@@ -171,10 +171,9 @@ type Emulator struct {
 
 	scripts map[string][]Answer
 
-	counts          map[Outcome]int
-	requests        []RequestRecord
-	requestsDropped int
-	seq             uint64
+	counts   map[Outcome]int
+	requests []RequestRecord
+	seq      uint64
 }
 
 type pairKey struct{ meter, customer string }
