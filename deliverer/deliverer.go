@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aurora-billing/aurora/shared/clock"
@@ -132,6 +133,7 @@ type Deliverer struct {
 
 	claims  chan claimCall
 	records chan recordCall
+	groups  atomic.Int64 // group ids for claims (claimParams.Group)
 }
 
 // New returns a Deliverer over db (a *pgxpool.Pool), js and exp with the
@@ -172,7 +174,7 @@ func (d *Deliverer) ConsumerConfig() jetstream.ConsumerConfig {
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       d.s.ackWait,
 		MaxDeliver:    -1,
-		MaxAckPending: max(1000, 8*d.s.concurrency),
+		MaxAckPending: max(1000, 64*d.s.concurrency),
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
 	if len(d.s.filterSubjects) == 1 {
@@ -214,7 +216,7 @@ func (d *Deliverer) Run(ctx context.Context) error {
 	ln := newLanes()
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
 		key, item := laneKey(msg)
-		mode := ln.join(key, item, msg, d.heartbeat)
+		mode := ln.join(key, item, msg, func(m jetstream.Msg) func() { return d.heartbeat([]jetstream.Msg{m}) })
 		if mode == laneQueued {
 			return // queued behind the same tenant and feature
 		}
@@ -244,17 +246,20 @@ func (d *Deliverer) Run(ctx context.Context) error {
 			defer d.wg.Done()
 			defer func() { <-sem }()
 			if mode == laneBypass {
-				d.handle(work, msg)
+				d.handleGroup(work, []jetstream.Msg{msg}, func() {})
 				return
 			}
-			for m := msg; m != nil; m = ln.next(key) {
+			progress := func() { ln.touch(key) }
+			for g := []jetstream.Msg{msg}; g != nil; g = ln.nextGroup(key, d.s.batch) {
 				if ctx.Err() != nil {
 					// Stopping: what is still queued goes back to JetStream.
-					d.m.skips.WithLabelValues("shutdown").Inc()
-					_ = m.Nak()
+					for _, m := range g {
+						d.m.skips.WithLabelValues("shutdown").Inc()
+						_ = m.Nak()
+					}
 					continue
 				}
-				d.handle(work, m)
+				d.handleGroup(work, g, progress)
 			}
 		}()
 	},
@@ -320,48 +325,103 @@ func (d *Deliverer) busy() time.Duration {
 	return d.s.busyDelay/2 + time.Duration(d.rnd()*float64(d.s.busyDelay))
 }
 
-// handle processes one message: claim → checks → call → record → ack.
-func (d *Deliverer) handle(ctx context.Context, msg jetstream.Msg) {
-	m, err := outbox.DecodeMessage(msg.Data())
-	if err != nil {
-		d.m.skips.WithLabelValues("bad_message").Inc()
-		d.log.Error("deliverer: bad message terminated", "subject", msg.Subject(), "err", err)
-		_ = msg.Term()
-		return
-	}
-	stopBeat := d.heartbeat(msg)
-	defer stopBeat()
+// groupMsg is one message of a group being handled.
+type groupMsg struct {
+	msg jetstream.Msg
+	m   outbox.Message
+}
 
-	cr, err := d.claim(ctx, claimParams{ItemID: m.ItemID, Dispatch: m.Dispatch, Key: m.Key})
-	// A row the relay still holds (its PubAck mark commits within
-	// milliseconds) or a slot held by another process's call is usually free
-	// again very soon: retry the claim here, 1+2+4+8+16 ms, before handing the
-	// message back to JetStream for the busy delay.
-	for wait := time.Millisecond; err == nil && (cr.Verdict == verdictLocked || cr.Verdict == verdictSlotBusy) && wait <= 16*time.Millisecond; wait *= 2 {
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
+// handleGroup handles a lane's group of messages (or one message): decode;
+// claim every item in one statement (the group shares its delivery slot);
+// pre-send checks and provider calls one at a time, in order; the outcomes
+// in one fenced statement; then each message is settled. A row the relay
+// still holds (its PubAck mark commits within milliseconds) or a slot held
+// by another process's call is usually free again very soon: such items are
+// claimed again after 1, 2, 4, 8 and 16 ms (after the rest of the group has
+// been recorded, which frees the group's slot) before their message goes
+// back to JetStream for the busy delay. progress is called after every
+// provider call.
+func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progress func()) {
+	stopBeat := d.heartbeat(msgs)
+	defer stopBeat()
+	todo := make([]groupMsg, 0, len(msgs))
+	seen := make(map[int64]bool, len(msgs))
+	for _, msg := range msgs {
+		m, err := outbox.DecodeMessage(msg.Data())
+		if err != nil {
+			d.m.skips.WithLabelValues("bad_message").Inc()
+			d.log.Error("deliverer: bad message terminated", "subject", msg.Subject(), "err", err)
+			_ = msg.Term()
+			continue
+		}
+		if seen[m.ItemID] { // lanes never group one item twice; be safe anyway
+			d.m.skips.WithLabelValues(verdictLocked.String()).Inc()
+			_ = msg.NakWithDelay(d.busy())
+			continue
+		}
+		seen[m.ItemID] = true
+		todo = append(todo, groupMsg{msg: msg, m: m})
+	}
+	group := d.groups.Add(1)
+	for wait := time.Duration(0); len(todo) > 0; wait = max(2*wait, time.Millisecond) {
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
 			t.Stop()
-		case <-t.C:
 		}
-		if ctx.Err() != nil {
-			break
+		ps := make([]claimParams, len(todo))
+		for i, g := range todo {
+			ps[i] = claimParams{ItemID: g.m.ItemID, Dispatch: g.m.Dispatch, Key: g.m.Key, Group: group}
 		}
-		cr, err = d.claim(ctx, claimParams{ItemID: m.ItemID, Dispatch: m.Dispatch, Key: m.Key})
+		crs, err := d.claim(ctx, ps)
+		if err != nil {
+			d.m.errors.WithLabelValues("claim").Inc()
+			d.log.Error("deliverer: claim failed; messages delayed", "items", len(todo), "err", err)
+			for _, g := range todo {
+				_ = g.msg.NakWithDelay(d.busy())
+			}
+			return
+		}
+		var won []groupMsg
+		var wonCR []claimResult
+		var again []groupMsg
+		for i, cr := range crs {
+			g := todo[i]
+			if cr.Verdict != verdictClaimed {
+				d.log.Debug("deliverer: not claimed", "item", g.m.ItemID, "dispatch", g.m.Dispatch, "why", cr.Verdict.String())
+			}
+			switch cr.Verdict {
+			case verdictClaimed:
+				won, wonCR = append(won, g), append(wonCR, cr)
+			case verdictLocked, verdictSlotBusy:
+				if wait < 16*time.Millisecond && ctx.Err() == nil {
+					again = append(again, g)
+					continue
+				}
+				d.settle(g, cr)
+			default:
+				d.settle(g, cr)
+			}
+		}
+		if len(won) > 0 {
+			d.attempt(ctx, won, wonCR, progress)
+		}
+		todo = again
 	}
-	if err != nil {
-		d.m.errors.WithLabelValues("claim").Inc()
-		d.log.Error("deliverer: claim failed; message delayed", "item", m.ItemID, "err", err)
-		_ = msg.NakWithDelay(d.busy())
-		return
-	}
-	if cr.Verdict != verdictClaimed {
-		d.log.Debug("deliverer: not claimed", "item", m.ItemID, "dispatch", m.Dispatch, "why", cr.Verdict.String())
-	}
+}
+
+// settle hands back or acknowledges the message of an item that was not
+// claimed, according to why.
+func (d *Deliverer) settle(g groupMsg, cr claimResult) {
+	msg, m := g.msg, g.m
 	switch cr.Verdict {
 	case verdictClaimed:
-		d.attempt(ctx, msg, cr)
-		return
+		// Unreachable: claimed items are attempted.
+		d.m.errors.WithLabelValues("verdict").Inc()
+		_ = msg.NakWithDelay(d.busy())
 	case verdictNotFound, verdictMismatch:
 		d.m.skips.WithLabelValues(cr.Verdict.String()).Inc()
 		d.log.Error("deliverer: message names no matching item; terminated", "item", m.ItemID, "key_prefix", keyPrefix(m.Key), "why", cr.Verdict.String())
@@ -395,9 +455,10 @@ func (d *Deliverer) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 }
 
-// heartbeat sends InProgress every third of AckWait until stopped, so
-// JetStream does not redeliver the message while a long call runs.
-func (d *Deliverer) heartbeat(msg jetstream.Msg) (stop func()) {
+// heartbeat sends InProgress for every message of msgs still unsettled
+// every third of AckWait until stopped, so JetStream does not redeliver a
+// message while its group runs.
+func (d *Deliverer) heartbeat(msgs []jetstream.Msg) (stop func()) {
 	done := make(chan struct{})
 	var once sync.Once
 	go func() {
@@ -408,8 +469,10 @@ func (d *Deliverer) heartbeat(msg jetstream.Msg) (stop func()) {
 			case <-done:
 				return
 			case <-t.C:
-				if err := msg.InProgress(); err != nil {
-					d.m.errors.WithLabelValues("in_progress").Inc()
+				for _, msg := range msgs {
+					if err := msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+						d.m.errors.WithLabelValues("in_progress").Inc()
+					}
 				}
 			}
 		}
@@ -417,9 +480,65 @@ func (d *Deliverer) heartbeat(msg jetstream.Msg) (stop func()) {
 	return func() { once.Do(func() { close(done) }) }
 }
 
-// attempt runs the pre-send checks, the call and the fenced outcome write
-// for a claimed item, then acknowledges the message.
-func (d *Deliverer) attempt(ctx context.Context, msg jetstream.Msg, cr claimResult) {
+// leaseBudget is the share of the lease a group may spend on provider calls
+// after its claim: a call is started only if it can end (provider timeout)
+// within it, so no item of a long group is sent after its lease could have
+// expired and been taken over.
+func (d *Deliverer) leaseBudget() time.Duration { return d.s.lease - d.s.lease/10 }
+
+// attempt runs the pre-send checks and the call for each claimed item of a
+// group in order, writes the outcomes in one fenced statement, then settles
+// each message. The first item is always attempted; a later one whose call
+// could outlast the lease budget is not sent and is recorded as a retry due
+// at once (same key, next dispatch).
+func (d *Deliverer) attempt(ctx context.Context, msgs []groupMsg, crs []claimResult, progress func()) {
+	start := time.Now()
+	recs := make([]record, len(crs))
+	for i, cr := range crs {
+		if i > 0 && time.Since(start)+d.s.providerTimeout > d.leaseBudget() {
+			recs[i] = record{Item: cr.Item, Outcome: OutcomeRetry,
+				LastError: fmt.Sprintf("lease_budget: group ran %s of a %s lease; not sent", time.Since(start).Round(time.Millisecond), d.s.lease)}
+			continue
+		}
+		recs[i] = d.decide(ctx, cr)
+		progress()
+	}
+	errs, err := d.record(recs)
+	for i, rec := range recs {
+		c, msg := rec.Item, msgs[i].msg
+		if err == nil {
+			err := errs[i]
+			switch {
+			case err == nil:
+				d.m.outcomes.WithLabelValues(string(rec.Outcome), string(rec.Reason)).Inc()
+				d.log.Info("deliverer: outcome", "item", c.ItemID, "key_prefix", keyPrefix(c.Key), "attempt", c.Attempts,
+					"lease_token", c.LeaseToken, "outcome", string(rec.Outcome), "reason", string(rec.Reason),
+					"rule", rec.Result.Rule, "http_status", rec.Result.HTTPStatus)
+				_ = msg.Ack()
+			case isStale(err):
+				d.m.staleLeases.Inc()
+				d.m.outcomes.WithLabelValues(string(OutcomeStaleLease), "").Inc()
+				d.log.Warn("deliverer: stale lease; outcome not written", "item", c.ItemID, "key_prefix", keyPrefix(c.Key),
+					"lease_token", c.LeaseToken, "would_be", string(rec.Outcome))
+				_ = msg.Ack() // the current holder's message carries the item now
+			default:
+				d.m.errors.WithLabelValues("record").Inc()
+				_ = msg.NakWithDelay(d.busy())
+			}
+			continue
+		}
+		// Postgres did not take the outcome: the row stays leased to us
+		// until the lease expires, then is reclaimed and resent with the
+		// same key (Stripe collapses it). Come back then.
+		d.m.errors.WithLabelValues("record").Inc()
+		d.log.Error("deliverer: record outcome failed; item will be reclaimed after its lease", "item", c.ItemID, "err", err)
+		_ = msg.NakWithDelay(max(c.LeaseExpiresAt.Sub(crs[i].Now), d.s.busyDelay) + d.s.busyDelay)
+	}
+}
+
+// decide runs the horizon, attempts and pre-send checks for a claimed item
+// and, when they pass, the provider call; it returns the record to write.
+func (d *Deliverer) decide(ctx context.Context, cr claimResult) record {
 	c := cr.Item
 	rec := record{Item: c}
 	switch {
@@ -450,28 +569,7 @@ func (d *Deliverer) attempt(ctx context.Context, msg jetstream.Msg, cr claimResu
 			}
 		}
 	}
-	err := d.record(rec)
-	switch {
-	case err == nil:
-		d.m.outcomes.WithLabelValues(string(rec.Outcome), string(rec.Reason)).Inc()
-		d.log.Info("deliverer: outcome", "item", c.ItemID, "key_prefix", keyPrefix(c.Key), "attempt", c.Attempts,
-			"lease_token", c.LeaseToken, "outcome", string(rec.Outcome), "reason", string(rec.Reason),
-			"rule", rec.Result.Rule, "http_status", rec.Result.HTTPStatus)
-		_ = msg.Ack()
-	case isStale(err):
-		d.m.staleLeases.Inc()
-		d.m.outcomes.WithLabelValues(string(OutcomeStaleLease), "").Inc()
-		d.log.Warn("deliverer: stale lease; outcome not written", "item", c.ItemID, "key_prefix", keyPrefix(c.Key),
-			"lease_token", c.LeaseToken, "would_be", string(rec.Outcome))
-		_ = msg.Ack() // the current holder's message carries the item now
-	default:
-		// Postgres did not take the outcome: the row stays leased to us
-		// until the lease expires, then is reclaimed and resent with the
-		// same key (Stripe collapses it). Come back then.
-		d.m.errors.WithLabelValues("record").Inc()
-		d.log.Error("deliverer: record outcome failed; item will be reclaimed after its lease", "item", c.ItemID, "err", err)
-		_ = msg.NakWithDelay(max(c.LeaseExpiresAt.Sub(cr.Now), d.s.busyDelay) + d.s.busyDelay)
-	}
+	return rec
 }
 
 // call sends one request with the provider deadline and records metrics.

@@ -1,6 +1,7 @@
 package deliverer
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/aurora-billing/aurora/shared/outbox"
@@ -53,20 +54,60 @@ func TestLanes(t *testing.T) {
 		t.Fatalf("queued messages heartbeating: %d, want 2", beats)
 	}
 	key, _ := laneKey(a1)
-	if m := l.next(key); m.(laneMsg).data == nil || string(m.Data()) != string(a2.data) {
-		t.Fatal("next is not FIFO")
+	g := l.nextGroup(key, 1)
+	if len(g) != 1 || string(g[0].Data()) != string(a2.data) {
+		t.Fatal("nextGroup is not FIFO or ignores its limit")
+	}
+	if beats != 1 {
+		t.Fatalf("a grouped message still heartbeats from the queue: %d beating, want 1", beats)
 	}
 	if got := join(msgFor("org_a", "api_calls", 2)); got != laneBypass {
-		t.Fatal("the new running item must bypass")
+		t.Fatal("an item of the running group must bypass")
+	}
+	if got := join(msgFor("org_a", "api_calls", 1)); got != laneQueued {
+		t.Fatal("an item of the finished group must queue again")
 	}
 	rest := l.drain(key)
-	if len(rest) != 1 || beats != 0 {
+	if len(rest) != 2 || beats != 0 {
 		t.Fatalf("drain returned %d, %d still beating", len(rest), beats)
 	}
-	if l.next(key) != nil {
+	if l.nextGroup(key, 10) != nil {
 		t.Fatal("drained lane still open")
 	}
 	if got := join(a1); got != laneOwner {
+		t.Fatal("a closed lane must be reopened by the next message")
+	}
+}
+
+// TestLaneGroups: what queued while a group ran is the next group, up to
+// the limit, oldest first; an empty lane closes.
+func TestLaneGroups(t *testing.T) {
+	t.Parallel()
+	l := newLanes()
+	beat := func(jetstream.Msg) func() { return func() {} }
+	first := msgFor("org_b", "api_calls", 10)
+	key, _ := laneKey(first)
+	if l.join(key, 10, first, beat) != laneOwner {
+		t.Fatal("first message must own the lane")
+	}
+	for i := int64(11); i <= 15; i++ {
+		if got := l.join(key, i, msgFor("org_b", "api_calls", i), beat); got != laneQueued {
+			t.Fatalf("item %d: %v, want queued", i, got)
+		}
+	}
+	var sizes []int
+	var order []int64
+	for g := l.nextGroup(key, 3); g != nil; g = l.nextGroup(key, 3) {
+		sizes = append(sizes, len(g))
+		for _, m := range g {
+			_, item := laneKey(m)
+			order = append(order, item)
+		}
+	}
+	if fmt.Sprint(sizes) != "[3 2]" || fmt.Sprint(order) != "[11 12 13 14 15]" {
+		t.Fatalf("groups %v, order %v; want [3 2] and 11..15", sizes, order)
+	}
+	if l.join(key, 16, msgFor("org_b", "api_calls", 16), beat) != laneOwner {
 		t.Fatal("a closed lane must be reopened by the next message")
 	}
 }

@@ -90,7 +90,8 @@ type claimResult struct {
 // claimSQL claims a batch of items by id in one statement (one round trip
 // for the whole batch):
 //
-//   - req is the batch: (id, dispatch, key) per message, ids unique;
+//   - req is the batch: (id, dispatch, key, group) per message, ids unique;
+//     a group is a lane's messages handled together (handleGroup);
 //   - peek reads the rows as they were (for the verdict when nothing is
 //     claimed);
 //   - cand locks the claimable ones with FOR UPDATE SKIP LOCKED: the
@@ -100,14 +101,17 @@ type claimResult struct {
 //   - want picks one contender per (account, customer, meter) in the batch
 //     (the lowest id), in key order so concurrent batches lock slots in the
 //     same order;
-//   - slot takes the delivery slot when it is free or expired
-//     (ON CONFLICT … DO UPDATE … WHERE expires_at < now);
+//   - slot takes the delivery slot for the contender when it is free or
+//     expired (ON CONFLICT … DO UPDATE … WHERE expires_at < now); won names
+//     the group that got it;
 //   - upd leases the rows (lease_token+1, attempts+1, first_attempt_at,
-//     lease_expires_at = now + lease) that need no slot or got theirs;
+//     lease_expires_at = now + lease) that need no slot, or whose group got
+//     their slot: a group's items share the slot its lowest item holds, and
+//     the group sends them one call at a time;
 //   - att opens one attempt row per lease (outcome NULL until recorded).
 const claimSQL = `
 WITH clk AS (SELECT coalesce($1::timestamptz, now()) AS now),
-req AS (SELECT * FROM unnest($2::bigint[], $3::int[], $4::text[]) AS r(id, dispatch, key)),
+req AS (SELECT * FROM unnest($2::bigint[], $3::int[], $4::text[], $7::bigint[]) AS r(id, dispatch, key, grp)),
 peek AS (
     SELECT o.id, o.state, o.dispatch, o.exporter, o.idempotency_key, o.next_attempt_at, o.lease_expires_at
     FROM outbox_items o JOIN req ON req.id = o.id
@@ -118,7 +122,7 @@ cand AS MATERIALIZED (
     -- bitmap scan of the partial due/expiry indexes, reading every due row
     -- of the table for each batch (measured: 23 M index tuples read to
     -- deliver 19 k items).
-    SELECT c.id, c.tenant, c.destination_account, c.feature, c.lease_token
+    SELECT c.id, r.grp, c.tenant, c.destination_account, c.feature, c.lease_token
     FROM req r CROSS JOIN clk
     CROSS JOIN LATERAL (
         SELECT i.id, i.tenant, i.destination_account, i.feature, i.lease_token
@@ -145,7 +149,7 @@ ctx AS MATERIALIZED (
 ),
 want AS (
     SELECT DISTINCT ON (c.destination_account, x.stripe_customer, x.meter_id)
-           c.id, c.destination_account, x.stripe_customer, x.meter_id, c.lease_token
+           c.id, c.grp, c.destination_account, x.stripe_customer, x.meter_id, c.lease_token
     FROM cand c JOIN ctx x ON x.id = c.id
     WHERE x.stripe_customer IS NOT NULL AND x.meter_id IS NOT NULL
     ORDER BY c.destination_account, x.stripe_customer, x.meter_id, c.id
@@ -160,6 +164,10 @@ slot AS (
         WHERE s.expires_at < coalesce($1::timestamptz, now())
     RETURNING s.item_id
 ),
+won AS (
+    SELECT w.grp, w.destination_account, w.stripe_customer, w.meter_id
+    FROM want w WHERE w.id IN (SELECT item_id FROM slot)
+),
 upd AS (
     UPDATE outbox_items o SET
         state = 'leased',
@@ -169,7 +177,10 @@ upd AS (
         lease_expires_at = clk.now + $6::interval
     FROM cand c JOIN ctx x ON x.id = c.id CROSS JOIN clk
     WHERE o.id = c.id
-      AND (x.stripe_customer IS NULL OR x.meter_id IS NULL OR c.id IN (SELECT item_id FROM slot))
+      AND (x.stripe_customer IS NULL OR x.meter_id IS NULL OR EXISTS (
+            SELECT 1 FROM won
+            WHERE won.grp = c.grp AND won.destination_account = c.destination_account
+              AND won.stripe_customer = x.stripe_customer AND won.meter_id = x.meter_id))
     RETURNING o.id, o.lease_token, o.attempts, o.first_attempt_at, o.lease_expires_at, o.destination_account,
               o.subject_kind, o.mode, o.mapping_version, o.quantity, o.occurred_at, o.period_start
 ),
@@ -207,6 +218,9 @@ type claimParams struct {
 	Exporter string
 	Key      string
 	Lease    time.Duration
+	// Group: requests of one group may share a delivery slot (handleGroup
+	// sends them one at a time). 0 = a group of its own.
+	Group int64
 }
 
 // claimItem claims one item (a batch of one).
@@ -225,15 +239,23 @@ func claimItems(ctx context.Context, db DB, now *time.Time, exporter string, lea
 	ids := make([]int64, len(ps))
 	dispatches := make([]int32, len(ps))
 	keys := make([]string, len(ps))
+	groups := make([]int64, len(ps))
 	for i, p := range ps {
-		ids[i], dispatches[i], keys[i] = p.ItemID, p.Dispatch, p.Key
+		ids[i], dispatches[i], keys[i], groups[i] = p.ItemID, p.Dispatch, p.Key, p.Group
+		if p.Group == 0 {
+			groups[i] = -p.ItemID // a group of its own; handleGroup's groups are > 0
+		}
 	}
-	rows, err := db.Query(ctx, claimSQL, now, ids, dispatches, keys, exporter, lease)
+	rows, err := db.Query(ctx, claimSQL, now, ids, dispatches, keys, exporter, lease, groups)
 	if err != nil {
 		return nil, fmt.Errorf("deliverer: claim %d items: %w", len(ps), err)
 	}
 	defer rows.Close()
 	byID := make(map[int64]claimResult, len(ps))
+	byReq := make(map[int64]claimParams, len(ps))
+	for _, p := range ps {
+		byReq[p.ItemID] = p
+	}
 	for rows.Next() {
 		var (
 			id                       int64
@@ -261,13 +283,7 @@ func claimItems(ctx context.Context, db DB, now *time.Time, exporter string, lea
 		if err != nil {
 			return nil, fmt.Errorf("deliverer: claim: scan: %w", err)
 		}
-		var p claimParams
-		for _, q := range ps {
-			if q.ItemID == id {
-				p = q
-				break
-			}
-		}
+		p := byReq[id]
 		if !found {
 			r.Verdict = verdictNotFound
 			byID[id] = r

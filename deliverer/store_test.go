@@ -293,3 +293,49 @@ func TestClaimBatch(t *testing.T) {
 		t.Fatalf("stale in batch: %v %v", errs, err)
 	}
 }
+
+// TestClaimGroup: the items of one group (a lane's messages handled
+// together) share the delivery slot its lowest item takes; an item of the
+// same (account, customer, meter) in another group of the same batch finds
+// the slot busy; the slot is freed when the group's outcomes are recorded.
+func TestClaimGroup(t *testing.T) {
+	t.Parallel()
+	f := newStore(t)
+	a, b, c := f.stage("event:a"), f.stage("event:b"), f.stage("event:c")
+	params := func(group int64, rows ...outbox.Row) []claimParams {
+		var ps []claimParams
+		for _, r := range rows {
+			ps = append(ps, claimParams{ItemID: r.ID, Dispatch: r.Dispatch, Key: r.IdempotencyKey, Group: group})
+		}
+		return ps
+	}
+	ps := append(params(7, b, a), params(8, c)...)
+	rs, err := claimItems(context.Background(), f.pool, &f.now, outbox.DefaultExporter, time.Minute, ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs[0].Verdict != verdictClaimed || rs[1].Verdict != verdictClaimed || rs[2].Verdict != verdictSlotBusy {
+		t.Fatalf("verdicts %v %v %v, want claimed claimed slot_busy", rs[0].Verdict, rs[1].Verdict, rs[2].Verdict)
+	}
+	var holder int64
+	if err := f.pool.QueryRow(context.Background(), `SELECT item_id FROM delivery_slots WHERE stripe_customer = 'cus_s'`).Scan(&holder); err != nil {
+		t.Fatal(err)
+	}
+	if holder != a.ID {
+		t.Fatalf("slot held by item %d, want the group's lowest item %d", holder, a.ID)
+	}
+	// Another group cannot take the slot while the group holds it.
+	if got := f.claim(c, f.now); got.Verdict != verdictSlotBusy {
+		t.Fatalf("c while the group holds the slot: %v", got.Verdict)
+	}
+	errs, err := recordOutcomes(context.Background(), f.pool, &f.now, []record{
+		{Item: rs[0].Item, Outcome: OutcomeAccepted},
+		{Item: rs[1].Item, Outcome: OutcomeAccepted},
+	})
+	if err != nil || errs[0] != nil || errs[1] != nil {
+		t.Fatalf("%v %v", errs, err)
+	}
+	if got := f.claim(c, f.now); got.Verdict != verdictClaimed {
+		t.Fatalf("c after the group was recorded: %v", got.Verdict)
+	}
+}
