@@ -9,6 +9,7 @@ import (
 	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // RecordBatch records many events in tx with the same rules as Gate.Record,
@@ -119,7 +120,7 @@ func (g Gate) RecordBatch(ctx context.Context, tx pgx.Tx, events []Event) (creat
 			INSERT INTO usage_events (tenant, event_id, kind, feature, quantity, occurred_at)
 			SELECT tenant, event_id, 'event', feature, quantity, occurred_at FROM ev
 			ON CONFLICT (tenant, event_id) DO NOTHING
-			RETURNING tenant, event_id
+			RETURNING tenant, event_id, ctid
 		), ins_item AS (
 			INSERT INTO outbox_items (tenant, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version,
 				idempotency_key, feature, quantity, occurred_at, period_start, payload, state, quarantine_reason)
@@ -129,7 +130,7 @@ func (g Gate) RecordBatch(ctx context.Context, tx pgx.Tx, events []Event) (creat
 			ON CONFLICT ON CONSTRAINT outbox_items_identity_key DO NOTHING
 			RETURNING id, tenant, subject_ref
 		)
-		SELECT e.tenant, e.event_id, i.id
+		SELECT e.tenant, e.event_id, e.ctid, i.id
 		FROM ins_ev e LEFT JOIN ins_item i ON i.tenant = e.tenant AND i.subject_ref = 'event:' || e.event_id`,
 		tenants, ids, features, refs, quantities, occurred, periods, versionsCol, reasons,
 		g.Recorder.exporter(), g.Recorder.DestinationAccount, string(g.Recorder.Mode))
@@ -137,24 +138,29 @@ func (g Gate) RecordBatch(ctx context.Context, tx pgx.Tx, events []Event) (creat
 		return 0, fmt.Errorf("usage: record batch: %w", err)
 	}
 	type key struct{ tenant, id string }
-	inserted := map[key]*int64{}
+	type stored struct {
+		tid  pgtype.TID // where the new event row is (this transaction wrote it: nobody moves it)
+		item *int64
+	}
+	inserted := map[key]stored{}
 	for rows.Next() {
 		var k key
-		var item *int64
-		if err := rows.Scan(&k.tenant, &k.id, &item); err != nil {
+		var st stored
+		if err := rows.Scan(&k.tenant, &k.id, &st.tid, &st.item); err != nil {
 			rows.Close()
 			return 0, err
 		}
-		inserted[k] = item
+		inserted[k] = st
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return 0, fmt.Errorf("usage: record batch: %w", err)
 	}
-	linkTenants, linkIDs, linkItems := make([]string, 0, len(inserted)), make([]string, 0, len(inserted)), make([]int64, 0, len(inserted))
+	linkTIDs, linkItems := make([]pgtype.TID, 0, len(inserted)), make([]int64, 0, len(inserted))
 	for i, ev := range plain {
 		k := key{ev.Tenant, ev.EventID}
-		item, ok := inserted[k]
+		st, ok := inserted[k]
+		item := st.item
 		delete(inserted, k) // a second copy in the same batch takes the exact path
 		switch {
 		case !ok:
@@ -177,18 +183,21 @@ func (g Gate) RecordBatch(ctx context.Context, tx pgx.Tx, events []Event) (creat
 			if err != nil {
 				return 0, err
 			}
-			linkTenants, linkIDs, linkItems = append(linkTenants, ev.Tenant), append(linkIDs, ev.EventID), append(linkItems, row.ID)
+			linkTIDs, linkItems = append(linkTIDs, st.tid), append(linkItems, row.ID)
 			created++
 		default:
-			linkTenants, linkIDs, linkItems = append(linkTenants, ev.Tenant), append(linkIDs, ev.EventID), append(linkItems, *item)
+			linkTIDs, linkItems = append(linkTIDs, st.tid), append(linkItems, *item)
 			created++
 		}
 	}
 	if len(linkItems) > 0 {
+		// By the rows' physical addresses (TID scans): joining on (tenant,
+		// event_id) was answered with a sequential scan of usage_events,
+		// a cost that grows with every event ever recorded.
 		if _, err := tx.Exec(ctx, `
 			UPDATE usage_events u SET item_id = l.item_id
-			FROM unnest($1::text[], $2::text[], $3::bigint[]) AS l(tenant, event_id, item_id)
-			WHERE u.tenant = l.tenant AND u.event_id = l.event_id`, linkTenants, linkIDs, linkItems); err != nil {
+			FROM unnest($1::tid[], $2::bigint[]) AS l(tid, item_id)
+			WHERE u.ctid = ANY ($1::tid[]) AND u.ctid = l.tid`, linkTIDs, linkItems); err != nil {
 			return 0, fmt.Errorf("usage: record batch: link items: %w", err)
 		}
 	}
