@@ -279,7 +279,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	}
 	sum.RejectedEvents = len(rejected)
 	sum.FirstRejected = append(sum.FirstRejected, rejected[:min(len(rejected), feed.MaxReported)]...)
-	drained, err := waitDrained(ctx, pool, o.Timeout, o.Progress, errc)
+	drained, err := waitDrained(ctx, pool, reg, o.Timeout, o.Progress, errc)
 	sum.ElapsedSeconds = time.Since(began).Seconds()
 	stopRun()
 	wg.Wait()
@@ -496,24 +496,44 @@ func isDataError(err error) bool {
 	return false
 }
 
-func waitDrained(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration, progress io.Writer, errc <-chan error) (bool, error) {
+// waitDrained waits until no item is pending or leased, the timeout passes
+// (false), ctx ends or a component fails. It watches the deliverers' outcome
+// counters (cheap, every 50 ms) and asks Postgres only when they say every
+// item may be terminal, and at least every 2 s: counting open rows costs a
+// walk over index entries that every state change leaves behind (35 ms a
+// poll at 19 k items, measured), on the cores the pipeline runs on. The
+// database's answer alone decides.
+func waitDrained(ctx context.Context, pool *pgxpool.Pool, reg prometheus.Gatherer, timeout time.Duration, progress io.Writer, errc <-chan error) (bool, error) {
+	var staged, settledAtStage int
+	// Items terminal without an attempt (quarantined when staged) never
+	// reach a deliverer; every other item ends with one terminal outcome.
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE attempts = 0 AND state NOT IN ('pending', 'leased')) FROM outbox_items`).
+		Scan(&staged, &settledAtStage); err != nil {
+		return false, err
+	}
 	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(200 * time.Millisecond)
+	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
+	lastAsked := time.Time{}
 	for {
-		var open, done int
-		err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state IN ('pending','leased')), count(*) FILTER (WHERE state NOT IN ('pending','leased')) FROM outbox_items`).Scan(&open, &done)
-		if err != nil {
-			return false, err
-		}
+		resolved := settledAtStage + terminalOutcomes(reg)
 		if progress != nil {
-			fmt.Fprintf(progress, "\r%d items resolved, %d pending or leased   ", done, open)
+			fmt.Fprintf(progress, "\r%d items resolved, %d pending or leased   ", resolved, max(staged-resolved, 0))
 		}
-		if open == 0 {
-			if progress != nil {
-				fmt.Fprintln(progress)
+		if resolved >= staged || time.Since(lastAsked) >= 2*time.Second {
+			lastAsked = time.Now()
+			var open int
+			err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox_items WHERE state = 'pending')
+			        + (SELECT count(*) FROM outbox_items WHERE state = 'leased')`).Scan(&open)
+			if err != nil {
+				return false, err
 			}
-			return true, nil
+			if open == 0 {
+				if progress != nil {
+					fmt.Fprintf(progress, "\r%d items resolved, 0 pending or leased   \n", staged)
+				}
+				return true, nil
+			}
 		}
 		if time.Now().After(deadline) {
 			if progress != nil {
@@ -529,6 +549,33 @@ func waitDrained(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration,
 		case <-tick.C:
 		}
 	}
+}
+
+// terminalOutcomes sums the deliverers' terminal outcomes (accepted,
+// rejected, uncertain, quarantined) from their metrics.
+func terminalOutcomes(reg prometheus.Gatherer) int {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	n := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != "aurora_deliverer_outcomes_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() != "outcome" {
+					continue
+				}
+				switch deliverer.Outcome(l.GetValue()) {
+				case deliverer.OutcomeAccepted, deliverer.OutcomeRejected, deliverer.OutcomeUncertain, deliverer.OutcomeQuarantined:
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return int(n)
 }
 
 func summarise(ctx context.Context, pool *pgxpool.Pool, sum *Summary) error {
