@@ -68,6 +68,7 @@ type claimed struct {
 	Attempts       int32
 	FirstAttemptAt time.Time
 	LeaseExpiresAt time.Time
+	LeasedAt       time.Time // the claim's database time: the attempt's started_at
 	Account        string
 	Item           checkItem
 	Ctx            sendContext
@@ -108,7 +109,8 @@ type claimResult struct {
 //     lease_expires_at = now + lease) that need no slot, or whose group got
 //     their slot: a group's items share the slot its lowest item holds, and
 //     the group sends them one call at a time;
-//   - att opens one attempt row per lease (outcome NULL until recorded).
+//   - gone writes the attempt row of a silent previous holder (see there);
+//     the new lease's attempt row is written with its outcome (recordSQL).
 const claimSQL = `
 WITH clk AS (SELECT coalesce($1::timestamptz, now()) AS now),
 req AS (SELECT * FROM unnest($2::bigint[], $3::int[], $4::text[], $7::bigint[]) AS r(id, dispatch, key, grp)),
@@ -122,10 +124,11 @@ cand AS MATERIALIZED (
     -- bitmap scan of the partial due/expiry indexes, reading every due row
     -- of the table for each batch (measured: 23 M index tuples read to
     -- deliver 19 k items).
-    SELECT c.id, r.grp, c.tenant, c.destination_account, c.feature, c.lease_token
+    SELECT c.id, r.grp, c.tenant, c.destination_account, c.feature, c.lease_token,
+           c.state AS prev_state, c.attempts AS prev_attempts, c.leased_at AS prev_leased_at
     FROM req r CROSS JOIN clk
     CROSS JOIN LATERAL (
-        SELECT i.id, i.tenant, i.destination_account, i.feature, i.lease_token
+        SELECT i.id, i.tenant, i.destination_account, i.feature, i.lease_token, i.state, i.attempts, i.leased_at
         FROM outbox_items i
         WHERE i.id = r.id AND i.dispatch = r.dispatch AND i.exporter = $5 AND i.idempotency_key = r.key
           AND ((i.state = 'pending' AND i.next_attempt_at <= clk.now)
@@ -138,9 +141,21 @@ ctx AS MATERIALIZED (
            m.meter_id, m.event_name, m.customer_key, m.value_key, m.mapping_version AS current_mapping_version,
            w.watermark
     FROM cand c
-    LEFT JOIN stripe_accounts a ON a.account_id = c.destination_account
-    LEFT JOIN tenant_billing b ON b.tenant = c.tenant AND b.destination_account = c.destination_account
-    LEFT JOIN meter_mappings m ON m.destination_account = c.destination_account AND m.feature = c.feature
+    -- One primary-key lookup each (LATERAL), for the reason given at cand.
+    LEFT JOIN LATERAL (
+        SELECT a.mode, a.confirmed FROM stripe_accounts a WHERE a.account_id = c.destination_account
+        LIMIT 1 -- a key lookup; LIMIT keeps the planner from flattening it into a scan
+    ) a ON true
+    LEFT JOIN LATERAL (
+        SELECT b.stripe_customer FROM tenant_billing b
+        WHERE b.tenant = c.tenant AND b.destination_account = c.destination_account
+        LIMIT 1
+    ) b ON true
+    LEFT JOIN LATERAL (
+        SELECT m.meter_id, m.event_name, m.customer_key, m.value_key, m.mapping_version
+        FROM meter_mappings m WHERE m.destination_account = c.destination_account AND m.feature = c.feature
+        LIMIT 1
+    ) m ON true
     LEFT JOIN LATERAL (
         SELECT u.watermark FROM usage_cutovers u
         WHERE u.feature = c.feature AND u.tenant IN (c.tenant, '')
@@ -174,7 +189,8 @@ upd AS (
         lease_token = o.lease_token + 1,
         attempts = o.attempts + 1,
         first_attempt_at = coalesce(o.first_attempt_at, clk.now),
-        lease_expires_at = clk.now + $6::interval
+        lease_expires_at = clk.now + $6::interval,
+        leased_at = clk.now
     FROM cand c JOIN ctx x ON x.id = c.id CROSS JOIN clk
     WHERE o.id = c.id
       AND (x.stripe_customer IS NULL OR x.meter_id IS NULL OR EXISTS (
@@ -184,19 +200,17 @@ upd AS (
     RETURNING o.id, o.lease_token, o.attempts, o.first_attempt_at, o.lease_expires_at, o.destination_account,
               o.subject_kind, o.mode, o.mapping_version, o.quantity, o.occurred_at, o.period_start
 ),
-att AS (
-    INSERT INTO outbox_attempts (item_id, attempt, lease_token, started_at)
-    SELECT u.id, u.attempts, u.lease_token, clk.now FROM upd u CROSS JOIN clk
-),
--- A reclaim closes the attempts whose holder went silent (its lease expired
--- with no outcome: a killed worker never writes one) as stale_lease, so no
--- attempt row stays open forever. If the holder was only slow, its late
--- write is refused as stale and fills in what the call answered.
+-- A reclaim writes the attempt of the holder that went silent (its lease
+-- expired with no outcome: a killed worker never writes one) as
+-- stale_lease, so every lease ends with an attempt row. If the holder was
+-- only slow, its late write is refused as stale and fills in what the call
+-- answered (recordSQL). Attempt rows are written once (migration 00011).
 gone AS (
-    UPDATE outbox_attempts a SET finished_at = clk.now, outcome = 'stale_lease', error_code = 'lease_taken_over'
-    FROM upd u CROSS JOIN clk
-    WHERE a.item_id = ANY ($2::bigint[]) -- see "= ANY" below
-      AND a.item_id = u.id AND a.outcome IS NULL AND a.lease_token < u.lease_token
+    INSERT INTO outbox_attempts (item_id, attempt, lease_token, started_at, finished_at, outcome, error_code)
+    SELECT c.id, c.prev_attempts, c.lease_token, coalesce(c.prev_leased_at, clk.now), clk.now, 'stale_lease', 'lease_taken_over'
+    FROM cand c JOIN upd u ON u.id = c.id CROSS JOIN clk
+    WHERE c.prev_state = 'leased'
+    ON CONFLICT (item_id, lease_token) DO NOTHING
 )
 SELECT r.id, clk.now, p.id IS NOT NULL, p.state, p.dispatch, p.exporter, p.idempotency_key, p.next_attempt_at, p.lease_expires_at,
        c.id IS NOT NULL,
@@ -298,7 +312,7 @@ func claimItems(ctx context.Context, db DB, now *time.Time, exporter string, lea
 			r.Verdict = verdictClaimed
 			r.Item = claimed{
 				ItemID: id, Key: p.Key, LeaseToken: *token, Attempts: *attempts,
-				FirstAttemptAt: *firstAttempt, LeaseExpiresAt: *leaseExp, Account: *account,
+				FirstAttemptAt: *firstAttempt, LeaseExpiresAt: *leaseExp, LeasedAt: r.Now, Account: *account,
 				Item: checkItem{
 					SubjectKind: identity.SubjectKind(*kind), Mode: identity.Mode(*mode), MappingVersion: *mappingVersion,
 					Quantity: *quantity, OccurredAt: *occurredAt, PeriodStart: *periodStart,
@@ -366,22 +380,23 @@ type record struct {
 // moves to its state (a retry to pending with next_attempt_at = now + delay
 // and dispatch + 1, so the relay publishes a new generation once due); the
 // delivery slot is freed if this lease still holds it (slots locked in key
-// order, like the claim); the attempt row gets its outcome, or stale_lease
-// when the fenced update matched zero rows. Returns the ids that moved.
+// order, like the claim); the attempt row is written with its outcome, or
+// stale_lease when the fenced update matched zero rows (filling in the row
+// a takeover wrote, if any). Returns the ids that moved.
 //
-// "= ANY": the attempt rows are also selected by the batch's ids as an
-// array. A join alone let the planner answer it with a hash join over a
-// sequential scan of outbox_attempts: cheap by its estimate on a young
-// table, but a scan that grows with every item delivered. An index
-// condition on the array keeps it a handful of index probes. (The same
-// hint on delivery_slots made the statement slower in the demo: that table
-// holds one row per customer and meter, and stays small.)
+// Every table is reached by key lookups the planner cannot turn into scans:
+// a join on the batch let it answer with hash joins over sequential scans
+// of outbox_attempts and delivery_slots — cheap by its estimate on a young
+// table, but a cost that grew with every item delivered (22 M tuples read
+// by one demo run, pg_stat_user_tables).
 const recordSQL = `
 WITH clk AS (SELECT coalesce($1::timestamptz, now()) AS now),
 rec AS (
     SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::interval[], $7::text[], $8::text[],
-                         $9::text[], $10::text[], $11::text[], $12::text[], $13::int[], $14::text[], $15::text[], $16::text[])
-        AS r(id, token, state, reason, delay, last_error, provider_ref, acct, cust, meter, outcome, http_status, request_id, code, msg)
+                         $9::text[], $10::text[], $11::text[], $12::text[], $13::int[], $14::text[], $15::text[], $16::text[],
+                         $17::int[], $18::timestamptz[])
+        AS r(id, token, state, reason, delay, last_error, provider_ref, acct, cust, meter, outcome, http_status, request_id, code, msg,
+             attempt, started)
 ),
 upd AS (
     UPDATE outbox_items o SET
@@ -397,25 +412,33 @@ upd AS (
     RETURNING o.id
 ),
 held AS (
-    SELECT s.destination_account, s.stripe_customer, s.meter_id
-    FROM delivery_slots s JOIN rec r
-      ON s.destination_account = r.acct AND s.stripe_customer = r.cust AND s.meter_id = r.meter
-     AND s.item_id = r.id AND s.lease_token = r.token
-    ORDER BY 1, 2, 3
-    FOR UPDATE OF s
+    -- One primary-key lookup per record (LATERAL), in key order so
+    -- concurrent statements lock slots in the same order.
+    SELECT s.tid
+    FROM (SELECT * FROM rec WHERE acct IS NOT NULL ORDER BY acct, cust, meter) r
+    CROSS JOIN LATERAL (
+        SELECT s.ctid AS tid FROM delivery_slots s
+        WHERE s.destination_account = r.acct AND s.stripe_customer = r.cust AND s.meter_id = r.meter
+          AND s.item_id = r.id AND s.lease_token = r.token
+        FOR UPDATE OF s
+    ) s
 ),
 rel AS (
+    -- By the locked rows' addresses (TID scan): a join on the key was
+    -- answered with a sequential scan of delivery_slots.
     UPDATE delivery_slots s SET item_id = NULL, lease_token = 0, expires_at = '-infinity'
-    FROM held h
-    WHERE (s.destination_account, s.stripe_customer, s.meter_id) = (h.destination_account, h.stripe_customer, h.meter_id)
+    WHERE s.ctid = ANY (ARRAY(SELECT tid FROM held))
 ),
 att AS (
-    UPDATE outbox_attempts a SET
-        finished_at = clk.now,
-        outcome = CASE WHEN r.id IN (SELECT id FROM upd) THEN r.outcome ELSE 'stale_lease' END,
-        http_status = r.http_status, stripe_request_id = r.request_id, error_code = r.code, error_message = r.msg
+    INSERT INTO outbox_attempts AS a (item_id, attempt, lease_token, started_at, finished_at, outcome,
+                                      http_status, stripe_request_id, error_code, error_message)
+    SELECT r.id, r.attempt, r.token, r.started, clk.now,
+           CASE WHEN r.id IN (SELECT id FROM upd) THEN r.outcome ELSE 'stale_lease' END,
+           r.http_status, r.request_id, r.code, r.msg
     FROM rec r CROSS JOIN clk
-    WHERE a.item_id = ANY ($2::bigint[]) AND a.item_id = r.id AND a.lease_token = r.token
+    ON CONFLICT (item_id, lease_token) DO UPDATE SET
+        finished_at = excluded.finished_at, outcome = excluded.outcome, http_status = excluded.http_status,
+        stripe_request_id = excluded.stripe_request_id, error_code = excluded.error_code, error_message = excluded.error_message
 )
 SELECT id FROM upd`
 
@@ -441,8 +464,10 @@ func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record) ([]
 	reasons, lastErrs, refs, accts, custs, meters, reqIDs, codes, msgs := make([]*string, n), make([]*string, n), make([]*string, n),
 		make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
 	statuses := make([]*int32, n)
+	attempts, started := make([]int32, n), make([]time.Time, n)
 	for i, r := range rs {
 		ids[i], tokens[i] = r.Item.ItemID, r.Item.LeaseToken
+		attempts[i], started[i] = r.Item.Attempts, r.Item.LeasedAt
 		states[i], outcomes[i] = string(r.Outcome.nextState()), string(r.Outcome)
 		delays[i] = r.RetryDelay
 		if r.Outcome == OutcomeQuarantined {
@@ -479,7 +504,7 @@ func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record) ([]
 		}
 	}
 	rows, err := db.Query(ctx, recordSQL, now, ids, tokens, states, reasons, delays, lastErrs, refs,
-		accts, custs, meters, outcomes, statuses, reqIDs, codes, msgs)
+		accts, custs, meters, outcomes, statuses, reqIDs, codes, msgs, attempts, started)
 	if err != nil {
 		return nil, fmt.Errorf("deliverer: record %d outcomes: %w", n, err)
 	}

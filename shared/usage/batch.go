@@ -191,13 +191,13 @@ func (g Gate) RecordBatch(ctx context.Context, tx pgx.Tx, events []Event) (creat
 		}
 	}
 	if len(linkItems) > 0 {
-		// By the rows' physical addresses (TID scans): joining on (tenant,
-		// event_id) was answered with a sequential scan of usage_events,
-		// a cost that grows with every event ever recorded.
+		// By the rows' physical addresses (one TID scan, no join): joining
+		// on (tenant, event_id), or even on the TIDs, was answered with a
+		// sequential scan of usage_events, a cost that grows with every
+		// event ever recorded.
 		if _, err := tx.Exec(ctx, `
-			UPDATE usage_events u SET item_id = l.item_id
-			FROM unnest($1::tid[], $2::bigint[]) AS l(tid, item_id)
-			WHERE u.ctid = ANY ($1::tid[]) AND u.ctid = l.tid`, linkTIDs, linkItems); err != nil {
+			UPDATE usage_events u SET item_id = ($2::bigint[])[array_position($1::tid[], u.ctid)]
+			WHERE u.ctid = ANY ($1::tid[])`, linkTIDs, linkItems); err != nil {
 			return 0, fmt.Errorf("usage: record batch: link items: %w", err)
 		}
 	}
