@@ -325,6 +325,14 @@ func (d *Deliverer) busy() time.Duration {
 	return d.s.busyDelay/2 + time.Duration(d.rnd()*float64(d.s.busyDelay))
 }
 
+// slotWaitLimit bounds how long a group keeps re-claiming items whose
+// delivery slot another process holds (backoff 1, 2, 4, … ms, about 250 ms
+// in all) before handing their messages back to JetStream. Replicas that
+// share a hot customer then take turns, a group each, instead of bouncing
+// its messages through the busy delay; a slot whose holder died stays held
+// until its lease expires, and then the messages have gone back long ago.
+const slotWaitLimit = 128 * time.Millisecond
+
 // groupMsg is one message of a group being handled.
 type groupMsg struct {
 	msg jetstream.Msg
@@ -337,10 +345,10 @@ type groupMsg struct {
 // in one fenced statement; then each message is settled. A row the relay
 // still holds (its PubAck mark commits within milliseconds) or a slot held
 // by another process's call is usually free again very soon: such items are
-// claimed again after 1, 2, 4, 8 and 16 ms (after the rest of the group has
-// been recorded, which frees the group's slot) before their message goes
-// back to JetStream for the busy delay. progress is called after every
-// provider call.
+// claimed again after 1, 2, 4, 8 and 16 ms (a busy slot: up to
+// slotWaitLimit), after the rest of the group has been recorded (which
+// frees the group's slot), before their message goes back to JetStream for
+// the busy delay. progress is called after every provider call.
 func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progress func()) {
 	stopBeat := d.heartbeat(msgs)
 	defer stopBeat()
@@ -397,7 +405,11 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 			case verdictClaimed:
 				won, wonCR = append(won, g), append(wonCR, cr)
 			case verdictLocked, verdictSlotBusy:
-				if wait < 16*time.Millisecond && ctx.Err() == nil {
+				limit := 16 * time.Millisecond
+				if cr.Verdict == verdictSlotBusy {
+					limit = slotWaitLimit
+				}
+				if wait < limit && ctx.Err() == nil {
 					again = append(again, g)
 					continue
 				}
