@@ -3,6 +3,9 @@ package deliverer_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -209,5 +212,43 @@ func TestIdempotencyErrorIsUncertain(t *testing.T) {
 	}
 	if got.LastError == nil {
 		t.Fatal("no last_error")
+	}
+}
+
+// TestLaneGroup: messages of one customer that queue while its first call
+// runs are handled as one group (one claim, one delivery slot, calls one at
+// a time, one outcome statement); a later item of a group whose call could
+// outlast the lease is not sent but recorded as a retry due at once.
+func TestLaneGroup(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stripeemulator.Faults{})
+	h.addTenant("org_g", "cus_g")
+	var rows []outbox.Row
+	for i := range 3 {
+		rows = append(rows, h.stage(h.item("org_g", fmt.Sprintf("event:g%d", i), int64(i+1))))
+		h.publish(rows[i].ID)
+	}
+	// Hold the first call until the other two messages have queued behind
+	// it in the lane.
+	var once sync.Once
+	h.setGate(func(*http.Request) { once.Do(func() { time.Sleep(300 * time.Millisecond) }) })
+	// A provider timeout longer than the lease: only a group's first item
+	// may be sent.
+	h.start(testConfig(), deliverer.WithLease(2*time.Second), deliverer.WithProviderTimeout(5*time.Second))
+	h.awaitState(rows[0].ID, outbox.StateAccepted)
+	h.awaitState(rows[1].ID, outbox.StateAccepted)
+	h.await("third item recorded as not sent", func() bool {
+		r := h.get(rows[2].ID)
+		return r.State == outbox.StatePending && r.Dispatch == 2
+	})
+	third := h.get(rows[2].ID)
+	if third.LastError == nil || !strings.HasPrefix(*third.LastError, "lease_budget") {
+		t.Fatalf("third item's last_error %v, want lease_budget", third.LastError)
+	}
+	if as := h.attempts(rows[2].ID); len(as) != 1 || *as[0].Outcome != "retry" || as[0].HTTPStatus != nil {
+		t.Fatalf("third item's attempts %+v, want one retry without a call", as)
+	}
+	if n := len(h.emu.Applied()); n != 2 || h.emu.Overlaps() != 0 {
+		t.Fatalf("applied %d, overlaps %d; want 2 and 0", n, h.emu.Overlaps())
 	}
 }
