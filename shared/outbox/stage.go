@@ -73,7 +73,8 @@ func Stage(ctx context.Context, tx pgx.Tx, it Item, opts ...StageOption) (Row, e
 		SELECT `+Columns+`,
 			(feature = $8 AND quantity = $9 AND occurred_at = $10 AND period_start = $11 AND payload = $12::jsonb)
 		FROM outbox_items
-		WHERE tenant = $1 AND subject_kind = $2 AND subject_ref = $3 AND exporter = $4
+		WHERE idempotency_key = aurora_idempotency_key($1, $2, $3, $5) -- the identity's index (migration 00012)
+		  AND tenant = $1 AND subject_kind = $2 AND subject_ref = $3 AND exporter = $4
 		  AND destination_account = $5 AND mode = $6 AND mapping_version = $7`,
 		it.Tenant, string(it.SubjectKind), it.SubjectRef, it.Exporter, it.DestinationAccount, string(it.Mode),
 		it.MappingVersion, it.Feature, it.Quantity, it.OccurredAt.UTC(), periodStart, payload), &same)
