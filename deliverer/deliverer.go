@@ -326,12 +326,25 @@ func (d *Deliverer) busy() time.Duration {
 }
 
 // slotWaitLimit bounds how long a group keeps re-claiming items whose
-// delivery slot another process holds (backoff 1, 2, 4, … ms, about 250 ms
-// in all) before handing their messages back to JetStream. Replicas that
-// share a hot customer then take turns, a group each, instead of bouncing
-// its messages through the busy delay; a slot whose holder died stays held
-// until its lease expires, and then the messages have gone back long ago.
+// delivery slot another process holds (pauses of 4, 16, 64 and 256 ms: a
+// third of a second in all) before handing their messages back to
+// JetStream. Replicas that share a hot customer then take turns, a group
+// each, instead of bouncing its messages through the busy delay; a slot
+// whose holder died stays held until its lease expires, and then the
+// messages have gone back long ago.
 const slotWaitLimit = 128 * time.Millisecond
+
+// nextWait is the pause before claiming a group's leftovers again: 1, 2, 4,
+// 8, 16 ms while a row lock may be involved (the relay's, released within
+// milliseconds); 4, 16, 64, 256 ms… when only busy slots are (another
+// replica's group, which takes a call per item), so fewer claims are spent
+// waiting for it.
+func nextWait(wait time.Duration, slotOnly bool) time.Duration {
+	if slotOnly {
+		return max(4*wait, 4*time.Millisecond)
+	}
+	return max(2*wait, time.Millisecond)
+}
 
 // groupMsg is one message of a group being handled.
 type groupMsg struct {
@@ -345,8 +358,8 @@ type groupMsg struct {
 // in one fenced statement; then each message is settled. A row the relay
 // still holds (its PubAck mark commits within milliseconds) or a slot held
 // by another process's call is usually free again very soon: such items are
-// claimed again after 1, 2, 4, 8 and 16 ms (a busy slot: up to
-// slotWaitLimit), after the rest of the group has been recorded (which
+// claimed again after 1, 2, 4, 8 and 16 ms (busy slots only: see
+// nextWait and slotWaitLimit), after the rest of the group has been recorded (which
 // frees the group's slot), before their message goes back to JetStream for
 // the busy delay. progress is called after every provider call.
 func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progress func()) {
@@ -371,7 +384,7 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 		todo = append(todo, groupMsg{msg: msg, m: m})
 	}
 	group := d.groups.Add(1)
-	for wait := time.Duration(0); len(todo) > 0; wait = max(2*wait, time.Millisecond) {
+	for wait, slotOnly := time.Duration(0), false; len(todo) > 0; wait = nextWait(wait, slotOnly) {
 		if wait > 0 {
 			t := time.NewTimer(wait)
 			select {
@@ -396,6 +409,7 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 		var won []groupMsg
 		var wonCR []claimResult
 		var again []groupMsg
+		slotOnly = true
 		for i, cr := range crs {
 			g := todo[i]
 			if cr.Verdict != verdictClaimed {
@@ -411,6 +425,7 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 				}
 				if wait < limit && ctx.Err() == nil {
 					again = append(again, g)
+					slotOnly = slotOnly && cr.Verdict == verdictSlotBusy
 					continue
 				}
 				d.settle(g, cr)
