@@ -49,12 +49,8 @@ func (c *Config) Validate() error {
 	if len(secrets) == 0 {
 		secErr = &config.RangeError{Var: config.Prefix + "STRIPE_WEBHOOK_SECRET", Value: "", Allowed: "one or more signing secrets, comma-separated"}
 	}
-	var addrErr error
-	if strings.TrimSpace(c.Addr) == "" {
-		addrErr = &config.RangeError{Var: config.Prefix + "INBOX_ADDR", Value: "", Allowed: "a listen address such as :8090"}
-	}
 	return errors.Join(
-		addrErr,
+		config.ListenAddr("INBOX_ADDR", c.Addr, false),
 		secErr,
 		config.IntRange("INBOX_POLL_MS", c.PollMS, PollMSMin, PollMSMax, "milliseconds"),
 		config.IntRange("INBOX_BATCH_SIZE", c.BatchSize, BatchSizeMin, BatchSizeMax, "events per pass"),

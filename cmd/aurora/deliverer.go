@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"time"
 
 	"github.com/aurora-billing/aurora/deliverer"
@@ -34,11 +33,7 @@ type delivererConfig struct {
 // Validate checks every part, naming the variable and its range.
 func (c *delivererConfig) Validate() error {
 	var addr error
-	if c.HTTPAddr != "" {
-		if _, port, err := net.SplitHostPort(c.HTTPAddr); err != nil || port == "" {
-			addr = &config.RangeError{Var: config.Prefix + "DELIVERER_HTTP_ADDR", Value: c.HTTPAddr, Allowed: "host:port or empty"}
-		}
-	}
+	addr = config.ListenAddr("DELIVERER_HTTP_ADDR", c.HTTPAddr, true)
 	return errors.Join(c.Database.Validate(), c.NATS.Validate(), c.Config.Validate(), c.Stripe.Validate(),
 		config.IntRange("DELIVERER_DB_CONNS", c.DBConns, 2, 256, "connections"), addr)
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"time"
 
 	"github.com/aurora-billing/aurora/relay"
@@ -28,11 +27,7 @@ type relayConfig struct {
 // Validate checks every part, naming the variable and its range.
 func (c relayConfig) Validate() error {
 	var addr error
-	if c.HTTPAddr != "" {
-		if _, port, err := net.SplitHostPort(c.HTTPAddr); err != nil || port == "" {
-			addr = &config.RangeError{Var: config.Prefix + "RELAY_HTTP_ADDR", Value: c.HTTPAddr, Allowed: "host:port or empty"}
-		}
-	}
+	addr = config.ListenAddr("RELAY_HTTP_ADDR", c.HTTPAddr, true)
 	return errors.Join(c.Database.Validate(), c.NATS.Validate(), c.Config.Validate(), addr)
 }
 

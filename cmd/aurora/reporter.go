@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 
 	"github.com/aurora-billing/aurora/reporter"
 	"github.com/aurora-billing/aurora/shared/config"
@@ -28,13 +27,8 @@ type reporterConfig struct {
 
 // Validate checks every part, naming the variable.
 func (c reporterConfig) Validate() error {
-	var ops error
-	if c.OpsAddr != "" {
-		if _, port, err := net.SplitHostPort(c.OpsAddr); err != nil || port == "" {
-			ops = &config.RangeError{Var: config.Prefix + "REPORTER_OPS_ADDR", Value: c.OpsAddr, Allowed: "host:port or empty"}
-		}
-	}
-	return errors.Join(c.Database.Validate(), c.Export.Validate(), c.Config.Validate(), ops)
+	return errors.Join(c.Database.Validate(), c.Export.Validate(), c.Config.Validate(),
+		config.ListenAddr("REPORTER_OPS_ADDR", c.OpsAddr, true))
 }
 
 func newReporterCmd() *cobra.Command {

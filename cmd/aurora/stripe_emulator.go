@@ -49,8 +49,8 @@ type emulatorConfig struct {
 // Validate checks the address, the fault specification and the key list;
 // errors are *config.RangeError naming the variable.
 func (c *emulatorConfig) Validate() error {
-	if _, port, err := net.SplitHostPort(c.Addr); err != nil || port == "" {
-		return &config.RangeError{Var: config.Prefix + "EMULATOR_ADDR", Value: c.Addr, Allowed: "host:port"}
+	if err := config.ListenAddr("EMULATOR_ADDR", c.Addr, false); err != nil {
+		return err
 	}
 	f, err := stripeemulator.ParseFaults(c.Faults)
 	if err != nil {

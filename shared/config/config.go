@@ -10,9 +10,11 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"reflect"
+	"strconv"
 	"strings"
 
 	"github.com/caarlos0/env/v10"
@@ -123,6 +125,25 @@ func OneOf(name, v string, allowed ...string) error {
 		}
 	}
 	return &RangeError{Var: Prefix + name, Value: v, Allowed: strings.Join(allowed, "|")}
+}
+
+// ListenAddr returns a *RangeError when v is not a TCP listen address:
+// host:port or :port with a numeric port in 0..65535 (0 picks a free port).
+// An empty v is accepted only when optional is true (the listener is off).
+func ListenAddr(name, v string, optional bool) error {
+	allowed := "host:port or :port, port 0..65535"
+	if optional {
+		allowed += ", or empty (off)"
+	}
+	if v == "" && optional {
+		return nil
+	}
+	if _, port, err := net.SplitHostPort(v); err == nil {
+		if n, err := strconv.Atoi(port); err == nil && n >= 0 && n <= 65535 {
+			return nil
+		}
+	}
+	return &RangeError{Var: Prefix + name, Value: v, Allowed: allowed}
 }
 
 // URL returns a *RangeError when v is not an absolute URL with one of the

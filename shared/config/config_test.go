@@ -86,3 +86,36 @@ func TestRedactURL(t *testing.T) {
 		}
 	}
 }
+
+// TestListenAddr: host:port or :port with a port in 0..65535; empty only
+// when the listener is optional; the error names the variable.
+func TestListenAddr(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		v        string
+		optional bool
+		ok       bool
+	}{
+		{"127.0.0.1:9101", false, true},
+		{":8090", false, true},
+		{"[::1]:0", false, true},
+		{"localhost:65535", false, true},
+		{"", true, true},
+		{"", false, false},
+		{"bad", false, false},
+		{":99999", false, false},
+		{":-1", true, false},
+		{"127.0.0.1:http", false, false},
+		{"127.0.0.1:", false, false},
+	}
+	for _, tt := range tests {
+		err := ListenAddr("RELAY_HTTP_ADDR", tt.v, tt.optional)
+		if (err == nil) != tt.ok {
+			t.Errorf("ListenAddr(%q, optional=%v) = %v, want ok=%v", tt.v, tt.optional, err, tt.ok)
+		}
+		var re *RangeError
+		if err != nil && (!errors.As(err, &re) || re.Var != "AURORA_RELAY_HTTP_ADDR" || !errors.Is(err, ErrInvalid)) {
+			t.Errorf("ListenAddr(%q): %v is not a *RangeError naming AURORA_RELAY_HTTP_ADDR", tt.v, err)
+		}
+	}
+}
