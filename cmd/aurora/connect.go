@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+
+	"github.com/aurora-billing/aurora/migrations"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -41,4 +45,34 @@ func connectNATS(who, url string, log *slog.Logger) (*nats.Conn, error) {
 		return nil, fmt.Errorf("%s: nats: %w", who, err)
 	}
 	return nc, nil
+}
+
+// errNotMigrated: the database answers but lacks migrations this binary
+// needs; the service refuses to start (exit 1) instead of failing on its
+// first statement with "relation … does not exist".
+var errNotMigrated = errors.New("database not migrated")
+
+// requireMigrated refuses to start the service who when the database at url
+// has migrations this binary knows but that are not applied, naming them
+// and the command that applies them. A database that does not answer is
+// not refused here: the services wait out outages.
+func requireMigrated(ctx context.Context, who, url string, log *slog.Logger) error {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := migrations.StatusOf(cctx, url)
+	if err != nil {
+		log.Warn(who+": could not check the schema version; starting anyway", "err", err)
+		return nil
+	}
+	var pending []string
+	for _, m := range st {
+		if !m.Applied {
+			pending = append(pending, fmt.Sprint(m.Version))
+		}
+	}
+	if len(pending) > 0 {
+		return fmt.Errorf("%s: %w: migrations %s are not applied; run `aurora migrate` (or `auroractl migrate up`) against AURORA_DATABASE_URL",
+			who, errNotMigrated, strings.Join(pending, ", "))
+	}
+	return nil
 }

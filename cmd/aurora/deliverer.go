@@ -79,6 +79,9 @@ AURORA_DELIVERER_SHUTDOWN_SECONDS, AURORA_DELIVERER_DB_CONNS, AURORA_DELIVERER_H
 
 func runDeliverer(ctx context.Context, cfg delivererConfig) error {
 	log := logger()
+	if err := requireMigrated(ctx, "deliverer", cfg.Database.URL, log); err != nil {
+		return err
+	}
 	pool, err := openPool(ctx, "deliverer", cfg.Database.URL, cfg.DBConns)
 	if err != nil {
 		return err

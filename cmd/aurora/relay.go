@@ -72,6 +72,9 @@ AURORA_OUTBOX_STREAM_REPLICAS, AURORA_OUTBOX_DUPLICATE_WINDOW_SECONDS, AURORA_RE
 func runRelay(cmd *cobra.Command, cfg relayConfig) error {
 	ctx := cmd.Context()
 	log := logger()
+	if err := requireMigrated(ctx, "relay", cfg.Database.URL, log); err != nil {
+		return err
+	}
 	pool, err := openPool(ctx, "relay", cfg.Database.URL, cfg.Workers+4) // one per worker, the sweep, scrapes and readiness
 	if err != nil {
 		return err

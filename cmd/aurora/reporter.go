@@ -59,6 +59,9 @@ AURORA_FEATURE_SOURCES
 				return nil
 			}
 			ctx := cmd.Context()
+			if err := requireMigrated(ctx, "reporter", cfg.Database.URL, logger()); err != nil {
+				return err
+			}
 			pool, err := pgxpool.New(ctx, cfg.Database.URL)
 			if err != nil {
 				return fmt.Errorf("reporter: database: %w", err)
