@@ -299,7 +299,9 @@ func (d *Deliverer) enter() bool {
 	return true
 }
 
-// consumer creates or updates the durable consumer, waiting for the stream.
+// consumer creates or updates the durable consumer, waiting for the stream
+// and for NATS (retrying with backoff up to 5 s) until ctx ends. It returns
+// at once when JetStream refuses the consumer (*jetstream.APIError).
 func (d *Deliverer) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	wait := 100 * time.Millisecond
 	for {
@@ -307,10 +309,21 @@ func (d *Deliverer) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		if err == nil {
 			return cons, nil
 		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		var apiErr *jetstream.APIError
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			d.log.Info("deliverer: waiting for stream", "stream", outbox.StreamName)
+		case errors.As(err, &apiErr):
+			// JetStream answered and refused the consumer (its configuration
+			// or the account's limits): waiting will not change that.
 			return nil, fmt.Errorf("deliverer: consumer %s: %w", d.s.consumer, err)
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		default:
+			// No answer (NATS down or still connecting, JetStream not
+			// ready): wait it out, as the relay does.
+			d.log.Warn("deliverer: JetStream not reachable yet, retrying", "err", err, "retry_in", wait)
 		}
-		d.log.Info("deliverer: waiting for stream", "stream", outbox.StreamName)
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
