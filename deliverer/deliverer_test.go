@@ -252,3 +252,30 @@ func TestLaneGroup(t *testing.T) {
 		t.Fatalf("applied %d, overlaps %d; want 2 and 0", n, h.emu.Overlaps())
 	}
 }
+
+// TestStartsWhileNATSDown: a deliverer started while NATS is down waits
+// for it (longer than one JetStream request timeout) instead of exiting,
+// then delivers what was published before the outage.
+func TestStartsWhileNATSDown(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stripeemulator.Faults{})
+	row := h.stage(h.item("org_1", "event:down", 3))
+	h.publish(row.ID)
+	h.nats.Stop()
+	started := make(chan *running, 1)
+	go func() { started <- h.start(testConfig()) }()
+	time.Sleep(6 * time.Second) // past the 5 s request timeout that used to end Run
+	h.nats.Restart()
+	var r *running
+	select {
+	case r = <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the deliverer did not start consuming after NATS came back")
+	}
+	h.awaitState(row.ID, outbox.StateAccepted)
+	select {
+	case <-r.done:
+		t.Fatalf("deliverer stopped: %v", r.err)
+	default:
+	}
+}
