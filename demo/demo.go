@@ -98,11 +98,25 @@ type Rejected struct {
 // ErrNotDrained: items were still pending or leased when the timeout hit.
 var ErrNotDrained = errors.New("demo: not drained before the timeout")
 
+// ErrInterrupted: ctx ended (Ctrl-C, SIGTERM) before the run finished. The
+// components were stopped in order and the demo database dropped (unless
+// KeepDatabase).
+var ErrInterrupted = errors.New("demo: interrupted")
+
 // Features the demo meters.
 var features = []string{feed.FeatureAPICalls, feed.FeatureEgressBytes}
 
-// Run executes the demo. It returns the summary even with ErrNotDrained.
+// Run executes the demo. It returns the summary even with ErrNotDrained,
+// and ErrInterrupted (no summary) when ctx ends first.
 func Run(ctx context.Context, o Options) (*Summary, error) {
+	sum, err := run(ctx, o)
+	if err != nil && ctx.Err() != nil && !errors.Is(err, ErrNotDrained) {
+		return nil, ErrInterrupted
+	}
+	return sum, err
+}
+
+func run(ctx context.Context, o Options) (*Summary, error) {
 	if o.Deliverers <= 0 {
 		o.Deliverers = 2
 	}
@@ -174,7 +188,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	}
 	nc, err := nats.Connect(natsURL, nats.Name("aurora-demo"), nats.MaxReconnects(-1))
 	if err != nil {
-		return nil, fmt.Errorf("demo: nats: %w", err)
+		return nil, fmt.Errorf("demo: connect to NATS at %s: %w", config.RedactURL(natsURL), err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
@@ -275,6 +289,10 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	}
 	rejected, err := record(ctx, pool, gate, res.Events)
 	if err != nil {
+		// Stop the relay and deliverers before the deferred pool.Close:
+		// closing the pool under them made every in-flight write fail.
+		stopRun()
+		wg.Wait()
 		return nil, err
 	}
 	sum.RejectedEvents = len(rejected)
@@ -293,7 +311,10 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	if sum.ElapsedSeconds > 0 {
-		sum.ItemsPerSecond = float64(sum.ItemsStaged) / sum.ElapsedSeconds
+		// Items that reached a state nothing automatic leaves, per second
+		// (all of them when drained; fewer when the timeout hit).
+		open := sum.ItemsByState[string(outbox.StatePending)] + sum.ItemsByState[string(outbox.StateLeased)]
+		sum.ItemsPerSecond = float64(sum.ItemsStaged-open) / sum.ElapsedSeconds
 	}
 	if emu != nil {
 		for _, ev := range emu.Applied() {
@@ -340,7 +361,7 @@ func readInput(o Options) (*feed.Result, error) {
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return nil, err
 	}
-	return feed.Read(f, feed.Detect(head[:n]), strings.TrimSuffix(filepath.Base(o.Input), filepath.Ext(o.Input)))
+	return feed.Read(f, feed.DetectFile(o.Input, head[:n]), strings.TrimSuffix(filepath.Base(o.Input), filepath.Ext(o.Input)))
 }
 
 // freshDatabase creates aurora_demo_<time> on the server of serverURL and

@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -105,20 +106,40 @@ func (r *Result) Rebase(now time.Time) {
 	}
 }
 
-// Detect guesses the format from the first non-blank line: "{" → JSONL,
-// otherwise an access log.
+// Detect guesses the format from up to the first 20 non-blank lines of head:
+// JSONL when more of them start with "{" than parse as access-log lines,
+// otherwise an access log. A malformed first line therefore does not decide
+// the format of the whole file.
 func Detect(head []byte) Format {
+	jsonLike, accessLike, seen := 0, 0, 0
 	for _, line := range bytes.Split(head, []byte("\n")) {
 		t := bytes.TrimSpace(line)
 		if len(t) == 0 {
 			continue
 		}
 		if t[0] == '{' {
-			return FormatJSONL
+			jsonLike++
+		} else if _, err := ParseAccessLine(string(t)); err == nil {
+			accessLike++
 		}
-		return FormatAccessLog
+		if seen++; seen == 20 {
+			break
+		}
+	}
+	if jsonLike > accessLike {
+		return FormatJSONL
 	}
 	return FormatAccessLog
+}
+
+// DetectFile is Detect, except that a .jsonl or .ndjson file name decides
+// by itself.
+func DetectFile(name string, head []byte) Format {
+	switch strings.ToLower(filepath.Ext(name)) {
+	case ".jsonl", ".ndjson":
+		return FormatJSONL
+	}
+	return Detect(head)
 }
 
 // Read parses r in format f; source names the input in event ids. Only I/O
@@ -140,27 +161,65 @@ func Tenant(host string) string {
 	return "tn_" + hex.EncodeToString(sum[:6])
 }
 
-func scanner(r io.Reader) *bufio.Scanner {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	return sc
+// MaxLineBytes is the longest input line read; a longer line is counted
+// as malformed ("line longer than …") and skipped, never aborting the run.
+const MaxLineBytes = 1 << 20
+
+// eachLine calls fn with every line of r (without its newline) and its
+// 1-based number; a line longer than MaxLineBytes is passed as nil with
+// tooLong set (its bytes are skipped). Only I/O errors are returned.
+func eachLine(r io.Reader, fn func(n int, line []byte, tooLong bool)) error {
+	br := bufio.NewReaderSize(r, 64*1024)
+	var buf []byte
+	for n := 1; ; n++ {
+		buf = buf[:0]
+		tooLong := false
+		for {
+			chunk, err := br.ReadSlice('\n')
+			if !tooLong && len(buf)+len(chunk) > MaxLineBytes+1 { // +1: the newline
+				tooLong, buf = true, buf[:0]
+			}
+			if !tooLong {
+				buf = append(buf, chunk...)
+			}
+			switch {
+			case err == bufio.ErrBufferFull:
+				continue
+			case err == io.EOF:
+				if len(buf) > 0 || tooLong {
+					fn(n, bytes.TrimSuffix(buf, []byte("\n")), tooLong)
+				}
+				return nil
+			case err != nil:
+				return fmt.Errorf("feed: read line %d: %w", n, err)
+			}
+			break
+		}
+		if tooLong {
+			fn(n, nil, true)
+		} else {
+			fn(n, bytes.TrimSuffix(buf, []byte("\n")), false)
+		}
+	}
 }
 
 func readAccessLog(r io.Reader, source string) (*Result, error) {
 	res := &Result{}
-	sc := scanner(r)
-	n := 0
-	for sc.Scan() {
-		n++
-		line := strings.TrimSpace(sc.Text())
+	err := eachLine(r, func(n int, raw []byte, tooLong bool) {
+		if tooLong {
+			res.Lines++
+			res.reject(n, fmt.Sprintf("line longer than %d bytes", MaxLineBytes))
+			return
+		}
+		line := strings.TrimSpace(string(raw))
 		if line == "" {
-			continue
+			return
 		}
 		res.Lines++
 		rec, err := ParseAccessLine(line)
 		if err != nil {
 			res.reject(n, err.Error())
-			continue
+			return
 		}
 		tenant := Tenant(rec.Host)
 		id := fmt.Sprintf("%s:%d:", source, n)
@@ -168,9 +227,9 @@ func readAccessLog(r io.Reader, source string) (*Result, error) {
 		if rec.Bytes > 0 {
 			res.Events = append(res.Events, usage.Event{Tenant: tenant, EventID: id + FeatureEgressBytes, Feature: FeatureEgressBytes, Quantity: rec.Bytes, OccurredAt: rec.Time})
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("feed: read line %d: %w", n+1, err)
+	})
+	if err != nil {
+		return nil, err
 	}
 	res.countTenants()
 	return res, nil
@@ -245,13 +304,15 @@ type jsonlRecord struct {
 
 func readJSONL(r io.Reader) (*Result, error) {
 	res := &Result{}
-	sc := scanner(r)
-	n := 0
-	for sc.Scan() {
-		n++
-		line := bytes.TrimSpace(sc.Bytes())
+	err := eachLine(r, func(n int, raw []byte, tooLong bool) {
+		if tooLong {
+			res.Lines++
+			res.reject(n, fmt.Sprintf("line longer than %d bytes", MaxLineBytes))
+			return
+		}
+		line := bytes.TrimSpace(raw)
 		if len(line) == 0 {
-			continue
+			return
 		}
 		res.Lines++
 		dec := json.NewDecoder(bytes.NewReader(line))
@@ -259,16 +320,16 @@ func readJSONL(r io.Reader) (*Result, error) {
 		var rec jsonlRecord
 		if err := dec.Decode(&rec); err != nil {
 			res.reject(n, "invalid JSON object")
-			continue
+			return
 		}
 		if rec.Quantity == nil {
 			res.reject(n, "missing quantity")
-			continue
+			return
 		}
 		ts, err := time.Parse(time.RFC3339, rec.Timestamp)
 		if err != nil {
 			res.reject(n, "timestamp must be RFC 3339")
-			continue
+			return
 		}
 		ev := usage.Event{Tenant: rec.Tenant, EventID: rec.EventID, Feature: rec.Feature, Quantity: *rec.Quantity, OccurredAt: ts.UTC()}
 		if rec.Corrects != nil {
@@ -276,12 +337,12 @@ func readJSONL(r io.Reader) (*Result, error) {
 		}
 		if err := ev.Validate(); err != nil {
 			res.reject(n, err.Error())
-			continue
+			return
 		}
 		res.Events = append(res.Events, ev)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("feed: read line %d: %w", n+1, err)
+	})
+	if err != nil {
+		return nil, err
 	}
 	res.countTenants()
 	return res, nil

@@ -136,3 +136,55 @@ func TestRebaseAndGenerate(t *testing.T) {
 		t.Fatalf("newest %v", newest)
 	}
 }
+
+// TestLongLine: a line longer than MaxLineBytes is one malformed line with
+// its number; the lines around it are read; the run is not aborted.
+func TestLongLine(t *testing.T) {
+	t.Parallel()
+	good := `10.0.0.1 - - [01/Sep/2026:10:00:00 +0000] "GET / HTTP/1.1" 200 512 "-" "curl"`
+	for _, f := range []Format{FormatAccessLog, FormatJSONL} {
+		in := good + "\n" + strings.Repeat("x", 2*MaxLineBytes) + "\n\n" + good + "\n" + strings.Repeat("y", MaxLineBytes+5)
+		res, err := Read(strings.NewReader(in), f, "x")
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		var long2 bool
+		for _, m := range res.FirstMalformed {
+			long2 = long2 || (m.Line == 2 && strings.Contains(m.Reason, "longer than"))
+		}
+		if !long2 {
+			t.Fatalf("%s: line 2 not reported as too long: %+v", f, res.FirstMalformed)
+		}
+		last := res.FirstMalformed[len(res.FirstMalformed)-1]
+		if last.Line != 5 || !strings.Contains(last.Reason, "longer than") {
+			t.Fatalf("%s: the unterminated long last line: %+v", f, last)
+		}
+		if f == FormatAccessLog && len(res.Events) != 4 { // two lines: api_calls + egress_bytes each
+			t.Fatalf("access log around a long line: %d events", len(res.Events))
+		}
+	}
+}
+
+// TestDetect: the format is the one most of the first lines look like, so
+// one malformed first line does not decide it; a .jsonl name decides alone.
+func TestDetect(t *testing.T) {
+	t.Parallel()
+	access := `10.0.0.1 - - [01/Sep/2026:10:00:00 +0000] "GET / HTTP/1.1" 200 512 "-" "curl"`
+	jsonl := `{"tenant":"org_1","event_id":"e1","feature":"api_calls","quantity":3,"timestamp":"2026-09-01T10:00:00Z"}`
+	tests := []struct {
+		name, head string
+		want       Format
+	}{
+		{"in.log", access + "\n" + access, FormatAccessLog},
+		{"in.txt", jsonl + "\n" + jsonl, FormatJSONL},
+		{"in.txt", "garbage first line\n" + jsonl + "\n" + jsonl, FormatJSONL},
+		{"in.txt", "{garbage\n" + access + "\n" + access, FormatAccessLog},
+		{"in.jsonl", "garbage\nmore garbage", FormatJSONL},
+		{"in.log", "", FormatAccessLog},
+	}
+	for _, tt := range tests {
+		if got := DetectFile(tt.name, []byte(tt.head)); got != tt.want {
+			t.Errorf("DetectFile(%q, %.20q…) = %s, want %s", tt.name, tt.head, got, tt.want)
+		}
+	}
+}
