@@ -319,7 +319,9 @@ func readJSONL(r io.Reader) (*Result, error) {
 		dec.DisallowUnknownFields()
 		var rec jsonlRecord
 		if err := dec.Decode(&rec); err != nil {
-			res.reject(n, "invalid JSON object")
+			// The decoder's reason (syntax error offset, unknown or mistyped
+			// field name) names no value from the line.
+			res.reject(n, "invalid JSON object: "+strings.TrimPrefix(err.Error(), "json: "))
 			return
 		}
 		if rec.Quantity == nil {

@@ -112,6 +112,13 @@ func TestReadJSONL(t *testing.T) {
 	if len(res.Events) != 2 || res.MalformedLines != 5 || res.Events[1].CorrectsEventID != "e1" {
 		t.Fatalf("%+v", res)
 	}
+	var named bool
+	for _, m := range res.FirstMalformed {
+		named = named || (m.Line == 6 && strings.Contains(m.Reason, `unknown field "extra"`))
+	}
+	if !named {
+		t.Fatalf("the unknown field is not named: %+v", res.FirstMalformed)
+	}
 }
 
 func TestRebaseAndGenerate(t *testing.T) {
