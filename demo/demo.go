@@ -35,6 +35,7 @@ import (
 	"github.com/aurora-billing/aurora/shared/usage"
 	"github.com/aurora-billing/aurora/stripeemulator"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -373,6 +374,10 @@ func freshDatabase(ctx context.Context, serverURL string) (string, string, func(
 	}
 	admin, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) { // the server answered: a role, database or password problem
+			return "", "", nil, fmt.Errorf("demo: Postgres at AURORA_DATABASE_URL refused the connection: %w", err)
+		}
 		return "", "", nil, fmt.Errorf("demo: cannot reach Postgres at AURORA_DATABASE_URL (is it running?): %w", err)
 	}
 	defer admin.Close(ctx)
