@@ -60,8 +60,11 @@ type Options struct {
 	GenTenants   int
 	GenRequests  int
 	Outbox       config.Outbox
-	Progress     io.Writer // progress lines (nil = none)
-	Logger       *slog.Logger
+	// Deliverer configures every deliverer instance (validated; its Outbox
+	// is replaced by Outbox). nil = deliverer.DefaultConfig().
+	Deliverer *deliverer.Config
+	Progress  io.Writer // progress lines (nil = none)
+	Logger    *slog.Logger
 }
 
 // Summary is the --json contract (stable; add fields, never rename).
@@ -255,6 +258,9 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	dcfg := deliverer.DefaultConfig()
+	if o.Deliverer != nil {
+		dcfg = *o.Deliverer
+	}
 	dcfg.Outbox = o.Outbox
 	exp, err := stripeexport.New(stripeexport.Config{APIKey: key, APIBase: base}, time.Duration(dcfg.ProviderTimeoutSeconds)*time.Second, dcfg.Concurrency)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aurora-billing/aurora/deliverer"
 	"github.com/aurora-billing/aurora/deliverer/stripeexport"
 	"github.com/aurora-billing/aurora/demo"
 	"github.com/aurora-billing/aurora/shared/config"
@@ -20,9 +21,13 @@ import (
 // demoConfig is what the demo reads from the environment. AURORA_NATS_URL,
 // AURORA_STRIPE_API_KEY and AURORA_STRIPE_API_BASE have no defaults here:
 // unset means "embed JetStream" and "use the emulator".
+//
+// The deliverers take every AURORA_DELIVERER_*, AURORA_STRIPE_TIMEOUT_SECONDS
+// and AURORA_OUTBOX_* knob a deliverer service takes (deliverer.Config);
+// the relay takes the AURORA_OUTBOX_* ones.
 type demoConfig struct {
 	config.Database
-	config.Outbox
+	deliverer.Config
 	config.Export
 	NATSURL    string `env:"NATS_URL"`
 	StripeKey  string `env:"STRIPE_API_KEY"`
@@ -34,7 +39,7 @@ func (c *demoConfig) Validate() error {
 	if c.NATSURL != "" {
 		nats = config.NATS{URL: c.NATSURL}.Validate()
 	}
-	return errors.Join(c.Database.Validate(), c.Outbox.Validate(), c.Export.Validate(), nats)
+	return errors.Join(c.Database.Validate(), c.Config.Validate(), c.Export.Validate(), nats)
 }
 
 func newDemoCmd() *cobra.Command {
@@ -105,7 +110,7 @@ The demo shortens retry backoff (base 1 s, cap 10 s) unless AURORA_OUTBOX_BACKOF
 				return nil
 			}
 			o.DatabaseURL, o.NATSURL, o.StripeKey, o.StripeBase = cfg.Database.URL, cfg.NATSURL, cfg.StripeKey, cfg.StripeBase
-			o.Account, o.Outbox = cfg.StripeAccount, cfg.Outbox
+			o.Account, o.Outbox, o.Deliverer = cfg.StripeAccount, cfg.Outbox, &cfg.Config
 			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
 				o.Progress = os.Stderr
