@@ -320,7 +320,7 @@ func runRecoveryWrite(cmd *cobra.Command, svc *recovery.Service, f *recoveryWrit
 	if !f.yes {
 		if err != nil {
 			// A dry run records nothing, applied or refused.
-			if asJSON && recoveryRefusal(err) != "" {
+			if asJSON && recovery.RefusalOf(err) != "" {
 				_ = recoveryJSON(out, recoveryRefusalOf(err, f.kind, id, true, preview.Item, nil))
 			}
 			return recoveryExit(err, id, nil)
@@ -339,7 +339,7 @@ func runRecoveryWrite(cmd *cobra.Command, svc *recovery.Service, f *recoveryWrit
 		if res.Action.ID != 0 {
 			act = &res.Action
 		}
-		if asJSON && recoveryRefusal(err) != "" {
+		if asJSON && recovery.RefusalOf(err) != "" {
 			_ = recoveryJSON(out, recoveryRefusalOf(err, f.kind, id, false, res.Item, act))
 		}
 		return recoveryExit(err, id, act)
@@ -385,25 +385,6 @@ func recoveryShellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// recoveryRefusal is the refusal atom of err, or "" when err is not a refusal.
-func recoveryRefusal(err error) recovery.Refusal {
-	switch {
-	case errors.Is(err, recovery.ErrExpectedStateMismatch):
-		return recovery.RefusalExpectedStateMismatch
-	case errors.Is(err, recovery.ErrInvalidReason):
-		return recovery.RefusalInvalidReason
-	case errors.Is(err, recovery.ErrInvalidEvidence):
-		return recovery.RefusalInvalidEvidence
-	case errors.Is(err, recovery.ErrInvalidActor):
-		return recovery.RefusalInvalidActor
-	case errors.Is(err, recovery.ErrInvalidExpected):
-		return recovery.RefusalInvalidExpected
-	case errors.Is(err, recovery.ErrMappingChanged):
-		return recovery.RefusalMappingChanged
-	}
-	return ""
-}
-
 // recoveryExit maps a recovery error to an exit code and a one-line message
 // that says what to do. act is the recorded refusal, when there is one.
 func recoveryExit(err error, id int64, act *recovery.Action) error {
@@ -415,6 +396,7 @@ func recoveryExit(err error, id int64, act *recovery.Action) error {
 		mm *recovery.ExpectedStateMismatchError
 		ie *recovery.InvalidExpectedError
 		mc *recovery.MappingChangedError
+		sb *recovery.StillBufferedError
 	)
 	switch {
 	case errors.Is(err, recovery.ErrNotFound):
@@ -434,6 +416,14 @@ func recoveryExit(err error, id int64, act *recovery.Action) error {
 	case errors.As(err, &ie):
 		return &ExitError{Code: ExitInvalidInput, Err: err,
 			Msg: fmt.Sprintf("invalid_expected: --expect-%s %s; check the item with `auroractl recovery inspect %d`%s", flagName(ie.Field), ie.Reason, id, recorded)}
+	case errors.As(err, &sb):
+		why := "no cutover watermark is scheduled for its feature"
+		if sb.Watermark != nil {
+			why = "it starts before the feature's cutover watermark " + sb.Watermark.UTC().Format(time.RFC3339)
+		}
+		return &ExitError{Code: ExitRefused, Err: err,
+			Msg: fmt.Sprintf("still_buffered: item %d's period %s is billed by the buffered counters (%s); requeueing would bill it twice: leave it quarantined%s",
+				id, sb.PeriodStart.UTC().Format(time.RFC3339), why, recorded)}
 	case errors.As(err, &mc):
 		return &ExitError{Code: ExitRefused, Err: err,
 			Msg: fmt.Sprintf("mapping_changed: item %d was built for mapping version %d and the feature's mapping is now %d; it cannot be requeued: leave it quarantined and restage the work for the current mapping%s",

@@ -123,7 +123,7 @@ type recoveryRefusedView struct {
 }
 
 func recoveryRefusalOf(err error, kind recovery.Kind, id int64, dryRun bool, row outbox.Row, act *recovery.Action) recoveryRefusedView {
-	v := recoveryRefusedView{DryRun: dryRun, Action: kind, ItemID: id, Refusal: recoveryRefusal(err), Error: err.Error(), Recorded: act}
+	v := recoveryRefusedView{DryRun: dryRun, Action: kind, ItemID: id, Refusal: recovery.RefusalOf(err), Error: err.Error(), Recorded: act}
 	var mm *recovery.ExpectedStateMismatchError
 	if errors.As(err, &mm) {
 		v.Fields = mm.Fields

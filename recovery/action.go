@@ -190,7 +190,7 @@ func (s *Service) run(ctx context.Context, id int64, sp spec) (Result, error) {
 	}
 	obs := Observe(row)
 	if err := sp.decide(ctx, tx, row, &obs); err != nil {
-		refusal := refusalOf(err)
+		refusal := RefusalOf(err)
 		if refusal == "" {
 			return Result{}, err
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/aurora-billing/aurora/shared/outbox"
 )
@@ -32,6 +33,13 @@ var (
 	// {:error, :mapping_changed}). The concrete error is
 	// *MappingChangedError.
 	ErrMappingChanged = errors.New("recovery: mapping_changed")
+	// ErrStillBuffered: a requeue of an item quarantined period_buffered
+	// whose period the buffered counters still bill: no cutover watermark
+	// for its feature (tenant's or global), or its period starts before the
+	// watermark. Sending it would bill the period twice (seed 000, "Cutting
+	// a feature over": the split is exclusive). The concrete error is
+	// *StillBufferedError.
+	ErrStillBuffered = errors.New("recovery: still_buffered")
 	// ErrInvalidQuery: a List call with an unsupported state, a negative
 	// age or a limit outside 1..MaxLimit.
 	ErrInvalidQuery = errors.New("recovery: invalid_query")
@@ -48,11 +56,12 @@ const (
 	RefusalInvalidActor          Refusal = "invalid_actor"           // ErrInvalidActor
 	RefusalInvalidExpected       Refusal = "invalid_expected"        // ErrInvalidExpected
 	RefusalMappingChanged        Refusal = "mapping_changed"         // ErrMappingChanged
+	RefusalStillBuffered         Refusal = "still_buffered"          // ErrStillBuffered
 )
 
-// refusalOf returns the refusal atom of a refusal error, or "" for any
+// RefusalOf returns the refusal atom of a refusal error, or "" for any
 // other error (a failure, which records nothing).
-func refusalOf(err error) Refusal {
+func RefusalOf(err error) Refusal {
 	switch {
 	case errors.Is(err, ErrExpectedStateMismatch):
 		return RefusalExpectedStateMismatch
@@ -66,6 +75,8 @@ func refusalOf(err error) Refusal {
 		return RefusalInvalidExpected
 	case errors.Is(err, ErrMappingChanged):
 		return RefusalMappingChanged
+	case errors.Is(err, ErrStillBuffered):
+		return RefusalStillBuffered
 	default:
 		return ""
 	}
@@ -122,3 +133,25 @@ func (e *MappingChangedError) Error() string {
 
 // Unwrap returns ErrMappingChanged.
 func (e *MappingChangedError) Unwrap() error { return ErrMappingChanged }
+
+// StillBufferedError is the refusal to requeue a period_buffered item whose
+// period the counters still bill. Watermark is the feature's cutover
+// watermark for the item's tenant (nil: none scheduled). It wraps
+// ErrStillBuffered.
+type StillBufferedError struct {
+	ItemID      int64
+	PeriodStart time.Time
+	Watermark   *time.Time
+}
+
+func (e *StillBufferedError) Error() string {
+	if e.Watermark == nil {
+		return fmt.Sprintf("recovery: still_buffered: item %d's period %s is billed by the buffered counters (no cutover watermark for its feature)",
+			e.ItemID, e.PeriodStart.UTC().Format(time.RFC3339))
+	}
+	return fmt.Sprintf("recovery: still_buffered: item %d's period %s starts before the cutover watermark %s",
+		e.ItemID, e.PeriodStart.UTC().Format(time.RFC3339), e.Watermark.UTC().Format(time.RFC3339))
+}
+
+// Unwrap returns ErrStillBuffered.
+func (e *StillBufferedError) Unwrap() error { return ErrStillBuffered }

@@ -82,10 +82,13 @@ type Snapshot struct {
 	// CurrentMappingVersion is the feature's mapping version on the item's
 	// destination account when the call decided (0 = not mapped); set by
 	// requeue, which compares it.
-	CurrentMappingVersion *int32    `json:"current_mapping_version,omitempty"`
-	Attempts              int32     `json:"attempts"`
-	IdempotencyKey        string    `json:"idempotency_key"`
-	UpdatedAt             time.Time `json:"updated_at"`
+	CurrentMappingVersion *int32 `json:"current_mapping_version,omitempty"`
+	// Watermark is the feature's cutover watermark for the item's tenant
+	// when the call decided; set by a requeue of a period_buffered item.
+	Watermark      *time.Time `json:"watermark,omitempty"`
+	Attempts       int32      `json:"attempts"`
+	IdempotencyKey string     `json:"idempotency_key"`
+	UpdatedAt      time.Time  `json:"updated_at"`
 }
 
 // Observe returns the snapshot of row.

@@ -31,6 +31,16 @@ func (s *Service) requeueSpec(in RequeueInput) spec {
 			if current != row.MappingVersion {
 				return &MappingChangedError{ItemID: row.ID, ItemVersion: row.MappingVersion, CurrentVersion: current}
 			}
+			if row.QuarantineReason != nil && *row.QuarantineReason == outbox.ReasonPeriodBuffered {
+				w, err := cutoverWatermark(ctx, q, row)
+				if err != nil {
+					return err
+				}
+				obs.Watermark = w
+				if w == nil || row.PeriodStart.Before(*w) {
+					return &StillBufferedError{ItemID: row.ID, PeriodStart: row.PeriodStart, Watermark: w}
+				}
+			}
 			return nil
 		},
 		plan: func(_ context.Context, _ outbox.Querier, row outbox.Row, _ bool) (Change, error) {
@@ -72,7 +82,10 @@ func (s *Service) requeueSpec(in RequeueInput) spec {
 // current mapping version on the destination account differs from the one
 // the item was built for, including a feature mapped since an item built
 // with version 0 and a mapping removed since: the item was built for a
-// mapping that no longer exists. Other refusals as for Acknowledge (except
+// mapping that no longer exists. Refused with *StillBufferedError
+// (ErrStillBuffered) for an item quarantined period_buffered unless a
+// cutover watermark for its feature is scheduled and its period starts on
+// or after it: before that the counters bill the period. Other refusals as for Acknowledge (except
 // evidence, which is optional here); all are recorded.
 func (s *Service) Requeue(ctx context.Context, id int64, in RequeueInput) (Result, error) {
 	return s.run(ctx, id, s.requeueSpec(in))

@@ -3,6 +3,7 @@ package recovery_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/aurora-billing/aurora/recovery"
 	"github.com/aurora-billing/aurora/shared/outbox"
@@ -90,7 +91,7 @@ func TestRequeueRefusedWhenMappingChanged(t *testing.T) {
 func TestRequeueUnchangedUnmappedIsAllowed(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	item := f.makeQuarantined(f.record(event("req-1")).ID, outbox.ReasonPeriodBuffered)
+	item := f.makeQuarantined(f.record(event("req-1")).ID, outbox.ReasonFeatureUnmapped)
 	if _, err := f.svc.Requeue(f.ctx, item.ID, requeueInput(recovery.ExpectedOf(item))); err != nil {
 		t.Fatal(err)
 	}
@@ -114,5 +115,65 @@ func TestRequeueRefusesNonQuarantined(t *testing.T) {
 	}
 	if n := len(f.actions(item.ID)); n != 2 {
 		t.Fatalf("%d actions", n)
+	}
+}
+
+// TestRequeuePeriodBuffered: an item quarantined period_buffered is billed
+// by the buffered counters until a cutover watermark puts its period in the
+// recording era; requeueing it before that would bill the period twice.
+func TestRequeuePeriodBuffered(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		watermark string // '' = none scheduled; tenant-wide rows are org_123's
+		global    bool   // the watermark row is the global one (tenant '')
+		refused   bool
+	}{
+		{name: "no watermark", refused: true},
+		{name: "period before the watermark", watermark: "2026-09-02T00:00:00Z", refused: true},
+		{name: "period on the global watermark", watermark: "2026-09-01T00:00:00Z", global: true},
+		{name: "period after the watermark", watermark: "2026-08-01T00:00:00Z"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			f.mapFeature("api_calls", 1)
+			item := f.makeQuarantined(f.record(event("req-b")).ID, outbox.ReasonPeriodBuffered)
+			if !item.PeriodStart.Equal(time.Date(2026, 9, 1, 0, 0, 0, 0, time.UTC)) {
+				t.Fatalf("fixture period %s", item.PeriodStart)
+			}
+			if tt.watermark != "" {
+				tenant := "org_123"
+				if tt.global {
+					tenant = ""
+				}
+				f.exec(`INSERT INTO usage_cutovers (tenant, feature, watermark, scheduled_by) VALUES ($1, 'api_calls', $2, 'test')`, tenant, tt.watermark)
+			}
+			res, err := f.svc.Requeue(f.ctx, item.ID, requeueInput(recovery.ExpectedOf(item)))
+			if !tt.refused {
+				if err != nil || f.get(item.ID).State != outbox.StatePending {
+					t.Fatalf("requeue: %v, state %s", err, f.get(item.ID).State)
+				}
+				if jsonField(t, res.Action.Observed, "watermark") == nil {
+					t.Fatalf("the watermark decided but is not in the observed state: %s", res.Action.Observed)
+				}
+				return
+			}
+			var sb *recovery.StillBufferedError
+			if !errors.As(err, &sb) || !errors.Is(err, recovery.ErrStillBuffered) || recovery.RefusalOf(err) != recovery.RefusalStillBuffered {
+				t.Fatalf("got %v, want still_buffered", err)
+			}
+			if (tt.watermark == "") != (sb.Watermark == nil) {
+				t.Fatalf("watermark in the refusal: %v", sb.Watermark)
+			}
+			if got := f.get(item.ID); got.State != outbox.StateQuarantined {
+				t.Fatalf("refused requeue moved the item to %s", got.State)
+			}
+			acts := f.actions(item.ID)
+			if len(acts) != 1 || acts[0].Applied || acts[0].Refusal == nil || *acts[0].Refusal != recovery.RefusalStillBuffered {
+				t.Fatalf("refusal not recorded: %+v", acts)
+			}
+		})
 	}
 }
