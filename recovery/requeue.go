@@ -3,8 +3,10 @@ package recovery
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/aurora-billing/aurora/shared/outbox"
+	"github.com/aurora-billing/aurora/shared/usage"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -32,13 +34,19 @@ func (s *Service) requeueSpec(in RequeueInput) spec {
 				return &MappingChangedError{ItemID: row.ID, ItemVersion: row.MappingVersion, CurrentVersion: current}
 			}
 			if row.QuarantineReason != nil && *row.QuarantineReason == outbox.ReasonPeriodBuffered {
-				w, err := cutoverWatermark(ctx, q, row)
+				// The gate's rule (usage.EraOf); without a watermark the
+				// item was buffered because its feature counts, so it still is.
+				w, scheduled, err := usage.WatermarkFor(ctx, q, row.Tenant, row.Feature)
 				if err != nil {
 					return err
 				}
-				obs.Watermark = w
-				if w == nil || row.PeriodStart.Before(*w) {
-					return &StillBufferedError{ItemID: row.ID, PeriodStart: row.PeriodStart, Watermark: w}
+				var at *time.Time
+				if scheduled {
+					at = &w.At
+				}
+				obs.Watermark = at
+				if usage.EraOf(row.PeriodStart, w, scheduled, usage.SourceCounters) == usage.EraBuffered {
+					return &StillBufferedError{ItemID: row.ID, PeriodStart: row.PeriodStart, Watermark: at}
 				}
 			}
 			return nil

@@ -204,19 +204,6 @@ func currentMappingVersion(ctx context.Context, q outbox.Querier, row outbox.Row
 	return v, nil
 }
 
-// cutoverWatermark is the cutover watermark of row's feature for its
-// tenant (the tenant's own row, else the global one), or nil when none is
-// scheduled: the same lookup the deliverer's send-time check makes.
-func cutoverWatermark(ctx context.Context, q outbox.Querier, row outbox.Row) (*time.Time, error) {
-	var w *time.Time
-	err := q.QueryRow(ctx, `SELECT (SELECT watermark FROM usage_cutovers
-		WHERE feature = $1 AND tenant IN ($2, '') ORDER BY tenant = '' LIMIT 1)`, row.Feature, row.Tenant).Scan(&w)
-	if err != nil {
-		return nil, fmt.Errorf("recovery: cutover watermark: %w", err)
-	}
-	return w, nil
-}
-
 func attempts(ctx context.Context, q outbox.Querier, id int64) ([]Attempt, error) {
 	rows, err := q.Query(ctx, `
 		SELECT id, attempt, lease_token, started_at, finished_at, outcome, http_status, stripe_request_id, error_code, error_message
