@@ -40,7 +40,12 @@ type Watermark struct {
 // neither exists. It does not lock; call LockCutoverShared first in the same
 // transaction when the answer decides a write.
 func WatermarkFor(ctx context.Context, q outbox.Querier, tenant, feature string) (w Watermark, ok bool, err error) {
-	err = q.QueryRow(ctx, watermarkSQL, tenant, feature).Scan(&w.Tenant, &w.Feature, &w.At, &w.Version)
+	return scanWatermark(q.QueryRow(ctx, watermarkSQL, tenant, feature))
+}
+
+// scanWatermark reads one watermarkSQL row; no row is ok == false.
+func scanWatermark(row pgx.Row) (w Watermark, ok bool, err error) {
+	err = row.Scan(&w.Tenant, &w.Feature, &w.At, &w.Version)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Watermark{}, false, nil
 	}
@@ -91,15 +96,7 @@ func LockedWatermarkFor(ctx context.Context, tx pgx.Tx, tenant, feature string) 
 	if _, err := br.Exec(); err != nil {
 		return Watermark{}, false, fmt.Errorf("usage: lock cutover %s: %w", feature, err)
 	}
-	err = br.QueryRow().Scan(&w.Tenant, &w.Feature, &w.At, &w.Version)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Watermark{}, false, nil
-	}
-	if err != nil {
-		return Watermark{}, false, fmt.Errorf("usage: watermark: %w", err)
-	}
-	w.At = w.At.UTC()
-	return w, true, nil
+	return scanWatermark(br.QueryRow())
 }
 
 // LockCutoverExclusive takes the transaction-scoped exclusive advisory lock
