@@ -136,11 +136,15 @@ cand AS MATERIALIZED (
         FOR UPDATE OF i SKIP LOCKED
     ) c
 ),
-ctx AS MATERIALIZED (
-    SELECT c.id, a.mode AS account_mode, a.confirmed AS account_confirmed, b.stripe_customer,
+ctxk AS MATERIALIZED (
+    -- The send context, once per (tenant, account, feature) of the batch:
+    -- a group's items share it, so a batch of one group costs four lookups,
+    -- not four per item.
+    SELECT c.tenant, c.destination_account, c.feature,
+           a.mode AS account_mode, a.confirmed AS account_confirmed, b.stripe_customer,
            m.meter_id, m.event_name, m.customer_key, m.value_key, m.mapping_version AS current_mapping_version,
            w.watermark
-    FROM cand c
+    FROM (SELECT DISTINCT tenant, destination_account, feature FROM cand) c
     -- One primary-key lookup each (LATERAL), for the reason given at cand.
     LEFT JOIN LATERAL (
         SELECT a.mode, a.confirmed FROM stripe_accounts a WHERE a.account_id = c.destination_account
@@ -161,6 +165,11 @@ ctx AS MATERIALIZED (
         WHERE u.feature = c.feature AND u.tenant IN (c.tenant, '')
         ORDER BY u.tenant = '' LIMIT 1
     ) w ON true
+),
+ctx AS MATERIALIZED (
+    SELECT c.id, k.account_mode, k.account_confirmed, k.stripe_customer, k.meter_id, k.event_name,
+           k.customer_key, k.value_key, k.current_mapping_version, k.watermark
+    FROM cand c JOIN ctxk k USING (tenant, destination_account, feature)
 ),
 want AS (
     SELECT DISTINCT ON (c.destination_account, x.stripe_customer, x.meter_id)
