@@ -9,7 +9,6 @@ import (
 	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // RecordBatch records many events in tx with the same rules as Gate.Record,
@@ -110,28 +109,38 @@ func (g Gate) RecordBatch(ctx context.Context, tx pgx.Tx, events []Event) (creat
 			reasons[i] = &buffered
 		}
 	}
-	// One statement stores the new usage events and stages an item for each
-	// of them (only for them: an event recorded before keeps its item).
+	// One statement stores the new usage events, already linked to the item
+	// staged for each of them (only for them: an event recorded before keeps
+	// its item). The items' ids come from the identity sequence first, so no
+	// second write links them (migration 00013). The link is checked at
+	// commit: an item insert that finds its identity taken (an item staged by
+	// hand) leaves its event pointing at an id that was never used, repaired
+	// below before the commit.
+	if _, err := tx.Exec(ctx, `SET CONSTRAINTS usage_events_item_id_fkey DEFERRED`); err != nil {
+		return 0, fmt.Errorf("usage: record batch: %w", err)
+	}
 	rows, err = tx.Query(ctx, `
-		WITH ev AS (
-			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::timestamptz[], $7::timestamptz[], $8::int[], $9::text[])
+		WITH ev AS MATERIALIZED (
+			SELECT e.*, nextval((SELECT pg_get_serial_sequence('outbox_items', 'id'))::regclass) AS item_id
+			FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::timestamptz[], $7::timestamptz[], $8::int[], $9::text[])
 				AS e(tenant, event_id, feature, subject_ref, quantity, occurred_at, period_start, mapping_version, reason)
 		), ins_ev AS (
-			INSERT INTO usage_events (tenant, event_id, kind, feature, quantity, occurred_at)
-			SELECT tenant, event_id, 'event', feature, quantity, occurred_at FROM ev
+			INSERT INTO usage_events (tenant, event_id, kind, feature, quantity, occurred_at, item_id)
+			SELECT tenant, event_id, 'event', feature, quantity, occurred_at, item_id FROM ev
 			ON CONFLICT (tenant, event_id) DO NOTHING
-			RETURNING tenant, event_id, ctid
+			RETURNING tenant, event_id, item_id
 		), ins_item AS (
-			INSERT INTO outbox_items (tenant, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version,
+			INSERT INTO outbox_items (id, tenant, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version,
 				idempotency_key, feature, quantity, occurred_at, period_start, payload, state, quarantine_reason)
-			SELECT ev.tenant, 'event', ev.subject_ref, $10, $11, $12, ev.mapping_version, '', ev.feature, ev.quantity,
+			OVERRIDING SYSTEM VALUE
+			SELECT ev.item_id, ev.tenant, 'event', ev.subject_ref, $10, $11, $12, ev.mapping_version, '', ev.feature, ev.quantity,
 				ev.occurred_at, ev.period_start, '{}'::jsonb, CASE WHEN ev.reason IS NULL THEN 'pending' ELSE 'quarantined' END, ev.reason
 			FROM ev JOIN ins_ev USING (tenant, event_id)
 			ON CONFLICT ON CONSTRAINT outbox_items_identity_key DO NOTHING
-			RETURNING id, tenant, subject_ref
+			RETURNING id
 		)
-		SELECT e.tenant, e.event_id, e.ctid, i.id
-		FROM ins_ev e LEFT JOIN ins_item i ON i.tenant = e.tenant AND i.subject_ref = 'event:' || e.event_id`,
+		SELECT e.tenant, e.event_id, e.item_id, i.id IS NOT NULL
+		FROM ins_ev e LEFT JOIN ins_item i ON i.id = e.item_id`,
 		tenants, ids, features, refs, quantities, occurred, periods, versionsCol, reasons,
 		g.Recorder.exporter(), g.Recorder.DestinationAccount, string(g.Recorder.Mode))
 	if err != nil {
@@ -139,14 +148,14 @@ func (g Gate) RecordBatch(ctx context.Context, tx pgx.Tx, events []Event) (creat
 	}
 	type key struct{ tenant, id string }
 	type stored struct {
-		tid  pgtype.TID // where the new event row is (this transaction wrote it: nobody moves it)
-		item *int64
+		item   int64 // the id the event was stored with
+		staged bool  // an item was inserted with that id
 	}
 	inserted := map[key]stored{}
 	for rows.Next() {
 		var k key
 		var st stored
-		if err := rows.Scan(&k.tenant, &k.id, &st.tid, &st.item); err != nil {
+		if err := rows.Scan(&k.tenant, &k.id, &st.item, &st.staged); err != nil {
 			rows.Close()
 			return 0, err
 		}
@@ -156,21 +165,19 @@ func (g Gate) RecordBatch(ctx context.Context, tx pgx.Tx, events []Event) (creat
 	if err := rows.Err(); err != nil {
 		return 0, fmt.Errorf("usage: record batch: %w", err)
 	}
-	linkTIDs, linkItems := make([]pgtype.TID, 0, len(inserted)), make([]int64, 0, len(inserted))
 	for i, ev := range plain {
 		k := key{ev.Tenant, ev.EventID}
 		st, ok := inserted[k]
-		item := st.item
 		delete(inserted, k) // a second copy in the same batch takes the exact path
 		switch {
 		case !ok:
 			// Recorded before (or twice in this batch): the exact path
 			// returns its item or ErrEventConflict.
 			slow = append(slow, ev)
-		case item == nil:
+		case !st.staged:
 			// The event is new but its identity already has an item (for
 			// instance staged by hand): Stage collapses onto it or reports
-			// the payload conflict.
+			// the payload conflict, and the event is linked to it.
 			var opts []outbox.StageOption
 			if reasons[i] != nil {
 				opts = append(opts, outbox.WithQuarantine(outbox.ReasonPeriodBuffered))
@@ -183,23 +190,18 @@ func (g Gate) RecordBatch(ctx context.Context, tx pgx.Tx, events []Event) (creat
 			if err != nil {
 				return 0, err
 			}
-			linkTIDs, linkItems = append(linkTIDs, st.tid), append(linkItems, row.ID)
+			if _, err := tx.Exec(ctx, `UPDATE usage_events SET item_id = $3 WHERE tenant = $1 AND event_id = $2`, ev.Tenant, ev.EventID, row.ID); err != nil {
+				return 0, fmt.Errorf("usage: record batch: link item: %w", err)
+			}
 			created++
 		default:
-			linkTIDs, linkItems = append(linkTIDs, st.tid), append(linkItems, *item)
 			created++
 		}
 	}
-	if len(linkItems) > 0 {
-		// By the rows' physical addresses (one TID scan, no join): joining
-		// on (tenant, event_id), or even on the TIDs, was answered with a
-		// sequential scan of usage_events, a cost that grows with every
-		// event ever recorded.
-		if _, err := tx.Exec(ctx, `
-			UPDATE usage_events u SET item_id = ($2::bigint[])[array_position($1::tid[], u.ctid)]
-			WHERE u.ctid = ANY ($1::tid[])`, linkTIDs, linkItems); err != nil {
-			return 0, fmt.Errorf("usage: record batch: link items: %w", err)
-		}
+	// Back to immediate: the check runs now, on every link of the batch,
+	// so a broken link fails here rather than at the caller's commit.
+	if _, err := tx.Exec(ctx, `SET CONSTRAINTS usage_events_item_id_fkey IMMEDIATE`); err != nil {
+		return 0, fmt.Errorf("usage: record batch: link items: %w", err)
 	}
 	for _, ev := range slow {
 		_, isNew, err := g.Record(ctx, tx, ev)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/aurora-billing/aurora/migrations/dbtest"
 	"github.com/aurora-billing/aurora/shared/identity"
+	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/aurora-billing/aurora/shared/usage"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -130,5 +131,63 @@ func TestRecordBatchQuarantinesBufferedPeriods(t *testing.T) {
 	}
 	if got["event:old"] != "quarantined:period_buffered" || got["event:new"] != "pending" {
 		t.Fatalf("%v", got)
+	}
+}
+
+// An event whose identity already has an item (staged by hand, before the
+// event was recorded) is linked to that item; the rest of the batch gets
+// items of its own, and nothing is left pointing at an unused id. A hand
+// staged item with another payload is a conflict and the batch rolls back.
+func TestRecordBatchLinksHandStagedItems(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	at := time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
+	evs := []usage.Event{
+		{Tenant: "t", EventID: "e1", Feature: "api_calls", Quantity: 3, OccurredAt: at},
+		{Tenant: "t", EventID: "e2", Feature: "api_calls", Quantity: 4, OccurredAt: at},
+	}
+	handStage := func(pool *pgxpool.Pool, qty int64) int64 {
+		t.Helper()
+		var id int64
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			row, err := outbox.Stage(ctx, tx, outbox.Item{
+				Identity: identity.Identity{Tenant: "t", SubjectKind: identity.SubjectEvent, SubjectRef: usage.SubjectRef(evs[0]),
+					Exporter: outbox.DefaultExporter, DestinationAccount: "acct_1Test", Mode: identity.ModeTest},
+				Feature: "api_calls", Quantity: qty, OccurredAt: at, PeriodStart: usage.PeriodDay.Start(at),
+			})
+			id = row.ID
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+
+	pool := dbtest.New(t)
+	hand := handStage(pool, 3)
+	if n, err := recordBatch(t, pool, batchGate(), evs); err != nil || n != 2 {
+		t.Fatalf("batch: %d %v", n, err)
+	}
+	var e1Item int64
+	var items, linked int
+	err := pool.QueryRow(ctx, `SELECT (SELECT item_id FROM usage_events WHERE event_id = 'e1'),
+		(SELECT count(*) FROM outbox_items),
+		(SELECT count(*) FROM usage_events u JOIN outbox_items i ON i.id = u.item_id AND i.subject_ref = 'event:' || u.event_id)`).Scan(&e1Item, &items, &linked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e1Item != hand || items != 2 || linked != 2 {
+		t.Fatalf("e1 -> %d (hand-staged %d), items %d, linked %d", e1Item, hand, items, linked)
+	}
+
+	other := dbtest.New(t)
+	handStage(other, 99)
+	if _, err := recordBatch(t, other, batchGate(), evs); !errors.Is(err, outbox.ErrPayloadConflict) {
+		t.Fatalf("want ErrPayloadConflict, got %v", err)
+	}
+	var events int
+	if err := other.QueryRow(ctx, `SELECT count(*) FROM usage_events`).Scan(&events); err != nil || events != 0 {
+		t.Fatalf("events after a refused batch: %d %v", events, err)
 	}
 }
