@@ -166,8 +166,12 @@ func URL(name, v string, schemes ...string) error {
 
 // Database is the Postgres connection.
 type Database struct {
-	// URL of Postgres. AURORA_DATABASE_URL; defaults to the local server.
-	URL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/test"`
+	// URL of Postgres. AURORA_DATABASE_URL; defaults to the local server
+	// over loopback without TLS (sslmode=disable): pgx's default "prefer"
+	// negotiated TLS with a local server, ~6 % of the demo's CPU on both
+	// sides for a connection that never leaves the machine. A URL you set
+	// is used as given.
+	URL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/test?sslmode=disable"`
 }
 
 // Validate checks the URL's shape.
