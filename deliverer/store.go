@@ -93,11 +93,11 @@ type claimResult struct {
 //
 //   - req is the batch: (id, dispatch, key, group) per message, ids unique;
 //     a group is a lane's messages handled together (handleGroup);
-//   - peek reads the rows as they were (for the verdict when nothing is
-//     claimed);
 //   - cand locks the claimable ones with FOR UPDATE SKIP LOCKED: the
 //     message's dispatch, exporter and key, and pending-and-due or
 //     leased-with-expired-lease, by the clock $1;
+//   - peek is each row as it was, for the verdict (cand's copy of the rows
+//     it locked, one lookup for the others);
 //   - ctx reads each one's account, customer, mapping and cutover watermark;
 //   - want picks one contender per (account, customer, meter) in the batch
 //     (the lowest id), in key order so concurrent batches lock slots in the
@@ -114,10 +114,6 @@ type claimResult struct {
 const claimSQL = `
 WITH clk AS (SELECT coalesce($1::timestamptz, now()) AS now),
 req AS (SELECT * FROM unnest($2::bigint[], $3::int[], $4::text[], $7::bigint[]) AS r(id, dispatch, key, grp)),
-peek AS (
-    SELECT o.id, o.state, o.dispatch, o.exporter, o.idempotency_key, o.next_attempt_at, o.lease_expires_at
-    FROM outbox_items o JOIN req ON req.id = o.id
-),
 cand AS MATERIALIZED (
     -- One primary-key lookup per requested id (LATERAL): with stale
     -- statistics the planner otherwise answered the state predicate with a
@@ -125,16 +121,31 @@ cand AS MATERIALIZED (
     -- of the table for each batch (measured: 23 M index tuples read to
     -- deliver 19 k items).
     SELECT c.id, r.grp, c.tenant, c.destination_account, c.feature, c.lease_token,
-           c.state AS prev_state, c.attempts AS prev_attempts, c.leased_at AS prev_leased_at
+           c.state AS prev_state, c.attempts AS prev_attempts, c.leased_at AS prev_leased_at,
+           c.dispatch AS prev_dispatch, c.exporter AS prev_exporter, c.idempotency_key AS prev_key,
+           c.next_attempt_at AS prev_next_attempt_at, c.lease_expires_at AS prev_lease_expires_at
     FROM req r CROSS JOIN clk
     CROSS JOIN LATERAL (
-        SELECT i.id, i.tenant, i.destination_account, i.feature, i.lease_token, i.state, i.attempts, i.leased_at
+        SELECT i.id, i.tenant, i.destination_account, i.feature, i.lease_token, i.state, i.attempts, i.leased_at,
+               i.dispatch, i.exporter, i.idempotency_key, i.next_attempt_at, i.lease_expires_at
         FROM outbox_items i
         WHERE i.id = r.id AND i.dispatch = r.dispatch AND i.exporter = $5 AND i.idempotency_key = r.key
           AND ((i.state = 'pending' AND i.next_attempt_at <= clk.now)
             OR (i.state = 'leased' AND i.lease_expires_at < clk.now))
         FOR UPDATE OF i SKIP LOCKED
     ) c
+),
+peek AS (
+    -- The rows as they were, for the verdict: a claimed row as cand locked
+    -- it; any other by one primary-key lookup (LATERAL).
+    SELECT c.id, c.prev_state AS state, c.prev_dispatch AS dispatch, c.prev_exporter AS exporter,
+           c.prev_key AS idempotency_key, c.prev_next_attempt_at AS next_attempt_at, c.prev_lease_expires_at AS lease_expires_at
+    FROM cand c
+    UNION ALL
+    SELECT o.id, o.state, o.dispatch, o.exporter, o.idempotency_key, o.next_attempt_at, o.lease_expires_at
+    FROM req r
+    CROSS JOIN LATERAL (SELECT * FROM outbox_items o WHERE o.id = r.id LIMIT 1) o
+    WHERE r.id NOT IN (SELECT id FROM cand)
 ),
 ctxk AS MATERIALIZED (
     -- The send context, once per (tenant, account, feature) of the batch:
