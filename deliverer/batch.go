@@ -3,6 +3,8 @@ package deliverer
 import (
 	"context"
 	"time"
+
+	"github.com/aurora-billing/aurora/shared/outbox"
 )
 
 // Claims and outcome writes are batched opportunistically (group commit):
@@ -30,8 +32,9 @@ type recordCall struct {
 }
 
 type recordReply struct {
-	errs []error // one per record: nil or outbox.ErrStaleLease (wrapped)
-	err  error   // a database error for the whole call
+	errs   []error            // one per record: nil or outbox.ErrStaleLease (wrapped)
+	handed [][]outbox.Message // one per record: messages handed to the slot it freed
+	err    error              // a database error for the whole call
 }
 
 // claim queues ps (one group) for the next claim batch and waits for the
@@ -48,12 +51,13 @@ func (d *Deliverer) claim(ctx context.Context, ps []claimParams) ([]claimResult,
 }
 
 // record queues rs (one group) for the next outcome batch and waits for the
-// result: one error per record, or a database error for all of them.
-func (d *Deliverer) record(rs []record) ([]error, error) {
+// result: one error per record and the messages handed to the slots the
+// records freed (recordOutcomes), or a database error for all of them.
+func (d *Deliverer) record(rs []record) ([]error, [][]outbox.Message, error) {
 	c := recordCall{rs: rs, reply: make(chan recordReply, 1)}
 	d.records <- c // runners outlive every worker (Run stops them last)
 	rep := <-c.reply
-	return rep.errs, rep.err
+	return rep.errs, rep.handed, rep.err
 }
 
 // gather takes first and every call already waiting on ch while the batch
@@ -168,7 +172,7 @@ func (d *Deliverer) writeRecords(batch []recordCall) {
 		rs = append(rs, c.rs...)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	errs, err := recordOutcomes(ctx, d.db, d.clock.Override(), rs)
+	errs, handed, err := recordOutcomes(ctx, d.db, d.clock.Override(), rs)
 	cancel()
 	off := 0
 	for _, c := range batch {
@@ -176,7 +180,7 @@ func (d *Deliverer) writeRecords(batch []recordCall) {
 			c.reply <- recordReply{err: err}
 			continue
 		}
-		c.reply <- recordReply{errs: errs[off : off+len(c.rs)]}
+		c.reply <- recordReply{errs: errs[off : off+len(c.rs)], handed: handed[off : off+len(c.rs)]}
 		off += len(c.rs)
 	}
 }

@@ -359,11 +359,40 @@ func nextWait(wait time.Duration, slotOnly bool) time.Duration {
 	return max(2*wait, time.Millisecond)
 }
 
-// groupMsg is one message of a group being handled.
+// groupMsg is one message of a group being handled. msg is nil for an item
+// another process handed to this one's delivery slot (handOff): there is no
+// JetStream message to settle, and an item left unclaimed is published again
+// by the relay's re-dispatch sweep.
 type groupMsg struct {
 	msg jetstream.Msg
 	m   outbox.Message
 }
+
+func (g groupMsg) ack() {
+	if g.msg != nil {
+		_ = g.msg.Ack()
+	}
+}
+
+func (g groupMsg) term() {
+	if g.msg != nil {
+		_ = g.msg.Term()
+	}
+}
+
+// nakWithDelay hands the message back to JetStream for delay; it reports
+// false for a handed-off item (nothing to hand back).
+func (g groupMsg) nakWithDelay(delay time.Duration) bool {
+	if g.msg == nil {
+		return false
+	}
+	_ = g.msg.NakWithDelay(delay)
+	return true
+}
+
+// handOffLimit bounds a delivery slot's waiting list: past it, a loser
+// falls back to claiming again and handing its messages back to JetStream.
+const handOffLimit = 1000
 
 // handleGroup handles a lane's group of messages (or one message): decode;
 // claim every item in one statement (the group shares its delivery slot);
@@ -415,13 +444,19 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 			d.m.errors.WithLabelValues("claim").Inc()
 			d.log.Error("deliverer: claim failed; messages delayed", "items", len(todo), "err", err)
 			for _, g := range todo {
-				_ = g.msg.NakWithDelay(d.busy())
+				d.settle(g, claimResult{Verdict: verdictLocked})
 			}
 			return
 		}
 		var won []groupMsg
 		var wonCR []claimResult
 		var again []groupMsg
+		type loser struct {
+			g  groupMsg
+			cr claimResult
+		}
+		busy := map[slotKey][]loser{}
+		var slots []slotKey // in first-seen order
 		slotOnly = true
 		for i, cr := range crs {
 			g := todo[i]
@@ -431,7 +466,16 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 			switch cr.Verdict {
 			case verdictClaimed:
 				won, wonCR = append(won, g), append(wonCR, cr)
-			case verdictLocked, verdictSlotBusy:
+			case verdictSlotBusy:
+				if cr.Slot != nil {
+					if _, ok := busy[*cr.Slot]; !ok {
+						slots = append(slots, *cr.Slot)
+					}
+					busy[*cr.Slot] = append(busy[*cr.Slot], loser{g, cr})
+					continue
+				}
+				fallthrough
+			case verdictLocked:
 				limit := 16 * time.Millisecond
 				if cr.Verdict == verdictSlotBusy {
 					limit = slotWaitLimit
@@ -446,52 +490,103 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 				d.settle(g, cr)
 			}
 		}
+		// A slot another lease holds: give its items to the holder, which
+		// claims them when its outcome write frees the slot (migration
+		// 00015), instead of claiming them again here while it works.
+		for _, slot := range slots {
+			ls := busy[slot]
+			ms := make([]outbox.Message, len(ls))
+			for i, l := range ls {
+				ms[i] = l.g.m
+			}
+			ok, err := handOff(ctx, d.db, d.clock.Override(), slot, ms, handOffLimit)
+			if err != nil {
+				d.m.errors.WithLabelValues("hand_off").Inc()
+				d.log.Warn("deliverer: hand-off failed", "items", len(ls), "err", err)
+			}
+			for _, l := range ls {
+				switch {
+				case ok:
+					d.m.skips.WithLabelValues("handed_off").Inc()
+					l.g.ack()
+				case wait < slotWaitLimit && ctx.Err() == nil:
+					// The slot was freed meanwhile, or its list is full.
+					again = append(again, l.g)
+				default:
+					d.settle(l.g, l.cr)
+				}
+			}
+		}
+		var handed []outbox.Message
 		if len(won) > 0 {
-			d.attempt(ctx, won, wonCR, progress)
+			handed = d.attempt(ctx, won, wonCR, progress)
 		}
 		todo = again
+		if len(handed) > 0 {
+			// Items other processes gave to the slot this group just freed:
+			// claimed next, as one group, without waiting.
+			// (An item may come back after this group handed it on earlier:
+			// only a copy already waiting here is skipped.)
+			queued := make(map[int64]bool, len(todo))
+			for _, g := range todo {
+				queued[g.m.ItemID] = true
+			}
+			for _, m := range handed {
+				if !queued[m.ItemID] {
+					queued[m.ItemID] = true
+					todo = append(todo, groupMsg{m: m})
+				}
+			}
+			wait, slotOnly = 0, false
+		}
 	}
 }
 
 // settle hands back or acknowledges the message of an item that was not
 // claimed, according to why.
 func (d *Deliverer) settle(g groupMsg, cr claimResult) {
-	msg, m := g.msg, g.m
+	m := g.m
+	// back hands the message back to JetStream for delay; a handed-off item
+	// has none and waits for the relay's re-dispatch sweep.
+	back := func(why string, delay time.Duration) {
+		if !g.nakWithDelay(delay) {
+			why = "handoff_unclaimed"
+			d.log.Debug("deliverer: handed-off item not claimed; left to the re-dispatch sweep", "item", m.ItemID, "why", cr.Verdict.String())
+		}
+		d.m.skips.WithLabelValues(why).Inc()
+	}
 	switch cr.Verdict {
 	case verdictClaimed:
 		// Unreachable: claimed items are attempted.
 		d.m.errors.WithLabelValues("verdict").Inc()
-		_ = msg.NakWithDelay(d.busy())
+		g.nakWithDelay(d.busy())
 	case verdictNotFound, verdictMismatch:
 		d.m.skips.WithLabelValues(cr.Verdict.String()).Inc()
 		d.log.Error("deliverer: message names no matching item; terminated", "item", m.ItemID, "key_prefix", keyPrefix(m.Key), "why", cr.Verdict.String())
-		_ = msg.Term()
+		g.term()
 	case verdictTerminal, verdictStaleDispatch:
 		d.m.skips.WithLabelValues(cr.Verdict.String()).Inc()
-		_ = msg.Ack()
+		g.ack()
 	case verdictNotDue:
-		d.m.skips.WithLabelValues(cr.Verdict.String()).Inc()
-		_ = msg.NakWithDelay(max(cr.NextAttemptAt.Sub(cr.Now), d.s.busyDelay))
+		back(cr.Verdict.String(), max(cr.NextAttemptAt.Sub(cr.Now), d.s.busyDelay))
 	case verdictLeasedLive:
 		// Someone holds a live lease. Come back when it would expire: if the
 		// holder died, this message claims it then (self-healing even before
 		// the relay re-dispatches); if it finished, the row is terminal or
 		// of a new dispatch and this message is acked.
-		d.m.skips.WithLabelValues(cr.Verdict.String()).Inc()
 		wait := d.s.busyDelay
 		if cr.LeaseExpiresAt != nil {
 			wait += cr.LeaseExpiresAt.Sub(cr.Now)
 		}
-		_ = msg.NakWithDelay(wait)
+		back(cr.Verdict.String(), wait)
 	case verdictLocked, verdictSlotBusy:
-		d.m.skips.WithLabelValues(cr.Verdict.String()).Inc()
-		_ = msg.NakWithDelay(d.busy())
+		back(cr.Verdict.String(), d.busy())
 	default:
 		// Unreachable (the switch is exhaustive); on the message path a
 		// programming error must not kill the process: hand the message back.
 		d.m.errors.WithLabelValues("verdict").Inc()
 		d.log.Error("deliverer: unhandled verdict; message delayed", "item", m.ItemID, "verdict", cr.Verdict.String())
-		_ = msg.NakWithDelay(d.busy())
+		g.nakWithDelay(d.busy())
 	}
 }
 
@@ -530,8 +625,9 @@ func (d *Deliverer) leaseBudget() time.Duration { return d.s.lease - d.s.lease/1
 // group in order, writes the outcomes in one fenced statement, then settles
 // each message. The first item is always attempted; a later one whose call
 // could outlast the lease budget is not sent and is recorded as a retry due
-// at once (same key, next dispatch).
-func (d *Deliverer) attempt(ctx context.Context, msgs []groupMsg, crs []claimResult, progress func()) {
+// at once (same key, next dispatch). It returns the messages other
+// processes handed to the delivery slot the group's outcome write freed.
+func (d *Deliverer) attempt(ctx context.Context, msgs []groupMsg, crs []claimResult, progress func()) []outbox.Message {
 	start := time.Now()
 	recs := make([]record, len(crs))
 	for i, cr := range crs {
@@ -543,9 +639,13 @@ func (d *Deliverer) attempt(ctx context.Context, msgs []groupMsg, crs []claimRes
 		recs[i] = d.decide(ctx, cr)
 		progress()
 	}
-	errs, err := d.record(recs)
+	errs, handedPer, err := d.record(recs)
+	var handed []outbox.Message
+	for _, h := range handedPer {
+		handed = append(handed, h...)
+	}
 	for i, rec := range recs {
-		c, msg := rec.Item, msgs[i].msg
+		c, msg := rec.Item, msgs[i]
 		if err == nil {
 			err := errs[i]
 			switch {
@@ -554,16 +654,16 @@ func (d *Deliverer) attempt(ctx context.Context, msgs []groupMsg, crs []claimRes
 				d.log.Info("deliverer: outcome", "item", c.ItemID, "key_prefix", keyPrefix(c.Key), "attempt", c.Attempts,
 					"lease_token", c.LeaseToken, "outcome", string(rec.Outcome), "reason", string(rec.Reason),
 					"rule", rec.Result.Rule, "http_status", rec.Result.HTTPStatus)
-				_ = msg.Ack()
+				msg.ack()
 			case isStale(err):
 				d.m.staleLeases.Inc()
 				d.m.outcomes.WithLabelValues(string(OutcomeStaleLease), "").Inc()
 				d.log.Warn("deliverer: stale lease; outcome not written", "item", c.ItemID, "key_prefix", keyPrefix(c.Key),
 					"lease_token", c.LeaseToken, "would_be", string(rec.Outcome))
-				_ = msg.Ack() // the current holder's message carries the item now
+				msg.ack() // the current holder's message carries the item now
 			default:
 				d.m.errors.WithLabelValues("record").Inc()
-				_ = msg.NakWithDelay(d.busy())
+				msg.nakWithDelay(d.busy())
 			}
 			continue
 		}
@@ -572,8 +672,9 @@ func (d *Deliverer) attempt(ctx context.Context, msgs []groupMsg, crs []claimRes
 		// same key (Stripe collapses it). Come back then.
 		d.m.errors.WithLabelValues("record").Inc()
 		d.log.Error("deliverer: record outcome failed; item will be reclaimed after its lease", "item", c.ItemID, "err", err)
-		_ = msg.NakWithDelay(max(c.LeaseExpiresAt.Sub(crs[i].Now), d.s.busyDelay) + d.s.busyDelay)
+		msg.nakWithDelay(max(c.LeaseExpiresAt.Sub(crs[i].Now), d.s.busyDelay) + d.s.busyDelay)
 	}
+	return handed
 }
 
 // decide runs the horizon, attempts and pre-send checks for a claimed item

@@ -14,6 +14,7 @@ import (
 	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/aurora-billing/aurora/stripeemulator"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestDeliverAccepted: pending → leased → accepted with one attempt row,
@@ -278,4 +279,59 @@ func TestStartsWhileNATSDown(t *testing.T) {
 		t.Fatalf("deliverer stopped: %v", r.err)
 	default:
 	}
+}
+
+// TestHandOffBetweenReplicas: two deliverers share one hot customer. The
+// one that finds the slot held gives its items to the holder (migration
+// 00015) instead of claiming them again: every item is applied once, no two
+// calls overlap, each item took exactly one lease, and hand-offs happened.
+func TestHandOffBetweenReplicas(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stripeemulator.Faults{Latency: 5 * time.Millisecond})
+	cfg := testConfig()
+	cfg.Concurrency = 16
+	a, b := h.start(cfg), h.start(cfg)
+	const n = 60
+	var ids []int64
+	for i := range n {
+		row := h.stage(h.item("org_1", fmt.Sprintf("event:h%d", i), 1))
+		ids = append(ids, row.ID)
+		h.publish(row.ID)
+	}
+	for _, id := range ids {
+		h.awaitState(id, outbox.StateAccepted)
+		if as := h.attempts(id); len(as) != 1 {
+			t.Errorf("item %d: %d attempts %v", id, len(as), outcomes(as))
+		}
+	}
+	if o := h.emu.Overlaps(); o != 0 {
+		t.Fatalf("%d overlapping calls", o)
+	}
+	if len(h.emu.Applied()) != n || len(h.emu.DuplicateApplications()) != 0 {
+		t.Fatalf("applied %d, duplicates %d", len(h.emu.Applied()), len(h.emu.DuplicateApplications()))
+	}
+	handedOff := skipped(a.reg, "handed_off") + skipped(b.reg, "handed_off")
+	if handedOff == 0 {
+		t.Fatal("no hand-off between the replicas")
+	}
+	h.await("stream drained", func() bool { return h.pending() == 0 })
+	t.Logf("%v items handed off", handedOff)
+}
+
+// skipped reads aurora_deliverer_messages_skipped_total{why}.
+func skipped(reg *prometheus.Registry, why string) float64 {
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() != "aurora_deliverer_messages_skipped_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "why" && l.GetValue() == why {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

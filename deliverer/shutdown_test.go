@@ -106,7 +106,10 @@ func TestLogsAndMetrics(t *testing.T) {
 			t.Errorf("metric %s missing", name)
 		}
 	}
-	if n, err := testutil.GatherAndCount(r.reg, "aurora_deliverer_outcomes_total"); err != nil || n != 2 {
-		t.Errorf("outcome series %d %v (want accepted and quarantined/customer_missing)", n, err)
-	}
+	// The counters move just after the outcome commits (what awaitState
+	// watched): wait for them.
+	h.await("outcome series accepted and quarantined/customer_missing", func() bool {
+		n, err := testutil.GatherAndCount(r.reg, "aurora_deliverer_outcomes_total")
+		return err == nil && n == 2
+	})
 }

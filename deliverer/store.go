@@ -86,7 +86,14 @@ type claimResult struct {
 	NextAttemptAt  time.Time
 	LeaseExpiresAt *time.Time
 	Item           claimed // set when Verdict == verdictClaimed
+	// Slot is the delivery slot another lease holds (Verdict ==
+	// verdictSlotBusy): where handOff can leave the item for its holder.
+	Slot *slotKey
 }
+
+// slotKey names a delivery slot: (destination account, Stripe customer,
+// Stripe meter id), delivery_slots' primary key.
+type slotKey struct{ Account, Customer, Meter string }
 
 // claimSQL claims a batch of items by id in one statement (one round trip
 // for the whole batch):
@@ -237,7 +244,7 @@ SELECT r.id, clk.now, p.id IS NOT NULL, p.state, p.dispatch, p.exporter, p.idemp
        u.id IS NOT NULL, u.lease_token, u.attempts, u.first_attempt_at, u.lease_expires_at, u.destination_account,
        u.subject_kind, u.mode, u.mapping_version, u.quantity, u.occurred_at, u.period_start,
        x.account_mode, x.account_confirmed, x.stripe_customer, x.meter_id, x.event_name, x.customer_key, x.value_key,
-       x.current_mapping_version, x.watermark
+       x.current_mapping_version, x.watermark, c.destination_account
 FROM req r
 CROSS JOIN clk
 LEFT JOIN peek p ON p.id = r.id
@@ -307,6 +314,7 @@ func claimItems(ctx context.Context, db DB, now *time.Time, exporter string, lea
 			quantity                 *int64
 			occurredAt, periodStart  *time.Time
 			sc                       sendContext
+			candAccount              *string
 		)
 		err := rows.Scan(&id,
 			&r.Now, &found, &state, &dispatch, &exp, &key, &nextAttempt, &peekLeaseExp,
@@ -314,7 +322,7 @@ func claimItems(ctx context.Context, db DB, now *time.Time, exporter string, lea
 			&leased, &token, &attempts, &firstAttempt, &leaseExp, &account,
 			&kind, &mode, &mappingVersion, &quantity, &occurredAt, &periodStart,
 			&sc.AccountMode, &sc.AccountConfirmed, &sc.StripeCustomer, &sc.MeterID, &sc.EventName, &sc.CustomerKey, &sc.ValueKey,
-			&sc.CurrentMappingVersion, &sc.Watermark)
+			&sc.CurrentMappingVersion, &sc.Watermark, &candAccount)
 		if err != nil {
 			return nil, fmt.Errorf("deliverer: claim: scan: %w", err)
 		}
@@ -345,6 +353,9 @@ func claimItems(ctx context.Context, db DB, now *time.Time, exporter string, lea
 			r.Verdict = verdictStaleDispatch
 		case gotRow:
 			r.Verdict = verdictSlotBusy
+			if candAccount != nil && sc.StripeCustomer != nil && sc.MeterID != nil {
+				r.Slot = &slotKey{Account: *candAccount, Customer: *sc.StripeCustomer, Meter: *sc.MeterID}
+			}
 		default:
 			r.Verdict = stateVerdict(r.State, r.NextAttemptAt, r.LeaseExpiresAt, r.Now)
 		}
@@ -402,7 +413,8 @@ type record struct {
 // delivery slot is freed if this lease still holds it (slots locked in key
 // order, like the claim); the attempt row is written with its outcome, or
 // stale_lease when the fenced update matched zero rows (filling in the row
-// a takeover wrote, if any). Returns the ids that moved.
+// a takeover wrote, if any). Returns, per record, whether it moved and
+// whether it freed a slot.
 //
 // Every table is reached by key lookups the planner cannot turn into scans:
 // a join on the batch let it answer with hash joins over sequential scans
@@ -434,7 +446,7 @@ upd AS (
 held AS (
     -- One primary-key lookup per record (LATERAL), in key order so
     -- concurrent statements lock slots in the same order.
-    SELECT s.tid
+    SELECT r.id, s.tid
     FROM (SELECT * FROM rec WHERE acct IS NOT NULL ORDER BY acct, cust, meter) r
     CROSS JOIN LATERAL (
         SELECT s.ctid AS tid FROM delivery_slots s
@@ -460,13 +472,14 @@ att AS (
         finished_at = excluded.finished_at, outcome = excluded.outcome, http_status = excluded.http_status,
         stripe_request_id = excluded.stripe_request_id, error_code = excluded.error_code, error_message = excluded.error_message
 )
-SELECT id FROM upd`
+SELECT r.id, r.id IN (SELECT id FROM upd), h.tid IS NOT NULL
+FROM rec r LEFT JOIN held h ON h.id = r.id`
 
 // recordOutcome writes one record. A fenced update of zero rows returns
 // outbox.ErrStaleLease (the attempt row says stale_lease; nothing else
 // changed).
 func recordOutcome(ctx context.Context, db DB, r record) error {
-	errs, err := recordOutcomes(ctx, db, r.Now, []record{r})
+	errs, _, err := recordOutcomes(ctx, db, r.Now, []record{r})
 	if err != nil {
 		return err
 	}
@@ -474,9 +487,12 @@ func recordOutcome(ctx context.Context, db DB, r record) error {
 }
 
 // recordOutcomes writes rs in one statement (item ids unique; now is the
-// clock override for all). It returns one error per record: nil, or
-// outbox.ErrStaleLease; the second return is a database error for the batch.
-func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record) ([]error, error) {
+// clock override for all). It returns one error per record (nil, or
+// outbox.ErrStaleLease) and, per record, the messages other processes handed
+// to the delivery slot that record freed (see handOff; an entry that does not
+// decode is dropped and left to the relay's re-dispatch sweep); the last
+// return is a database error for the batch.
+func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record) ([]error, [][]outbox.Message, error) {
 	n := len(rs)
 	ids, tokens := make([]int64, n), make([]int64, n)
 	states, outcomes := make([]string, n), make([]string, n)
@@ -526,23 +542,108 @@ func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record) ([]
 	rows, err := db.Query(ctx, recordSQL, now, ids, tokens, states, reasons, delays, lastErrs, refs,
 		accts, custs, meters, outcomes, statuses, reqIDs, codes, msgs, attempts, started)
 	if err != nil {
-		return nil, fmt.Errorf("deliverer: record %d outcomes: %w", n, err)
+		return nil, nil, fmt.Errorf("deliverer: record %d outcomes: %w", n, err)
 	}
-	moved, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return nil, fmt.Errorf("deliverer: record %d outcomes: %w", n, err)
+	type answer struct{ moved, freed bool }
+	got := make(map[int64]answer, n)
+	for rows.Next() {
+		var id int64
+		var a answer
+		if err := rows.Scan(&id, &a.moved, &a.freed); err != nil {
+			rows.Close()
+			return nil, nil, fmt.Errorf("deliverer: record %d outcomes: scan: %w", n, err)
+		}
+		got[id] = a
 	}
-	ok := make(map[int64]bool, len(moved))
-	for _, id := range moved {
-		ok[id] = true
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("deliverer: record %d outcomes: %w", n, err)
 	}
 	out := make([]error, n)
+	freed := map[slotKey]int{} // slot → the record that freed it
 	for i, r := range rs {
-		if !ok[r.Item.ItemID] {
+		a := got[r.Item.ItemID]
+		if !a.moved {
 			out[i] = fmt.Errorf("item %d lease_token %d: %w", r.Item.ItemID, r.Item.LeaseToken, outbox.ErrStaleLease)
 		}
+		if a.freed {
+			freed[slotKey{Account: r.Item.Account, Customer: *r.Item.Ctx.StripeCustomer, Meter: *r.Item.Ctx.MeterID}] = i
+		}
 	}
-	return out, nil
+	handed := make([][]outbox.Message, n)
+	if len(freed) == 0 {
+		return out, handed, nil
+	}
+	// The messages left for the freed slots, in a statement of its own: it
+	// sees every hand-off that committed before the release (a hand-off holds
+	// a key-share lock on the slot, which the release waited for).
+	keyAccts, keyCusts, keyMeters := make([]string, 0, len(freed)), make([]string, 0, len(freed)), make([]string, 0, len(freed))
+	for k := range freed {
+		keyAccts, keyCusts, keyMeters = append(keyAccts, k.Account), append(keyCusts, k.Customer), append(keyMeters, k.Meter)
+	}
+	wrows, err := db.Query(ctx, takeWaitingSQL, keyAccts, keyCusts, keyMeters)
+	if err != nil {
+		// The outcomes are written; the messages stay for the slot's next
+		// holder (or the relay's re-dispatch sweep).
+		return out, handed, nil
+	}
+	defer wrows.Close()
+	for wrows.Next() {
+		var k slotKey
+		var raw []byte
+		if err := wrows.Scan(&k.Account, &k.Customer, &k.Meter, &raw); err != nil {
+			return out, handed, nil
+		}
+		if m, err := outbox.DecodeMessage(raw); err == nil {
+			handed[freed[k]] = append(handed[freed[k]], m)
+		}
+	}
+	return out, handed, nil
+}
+
+// takeWaitingSQL deletes and returns the messages left for the given slots
+// (one index lookup per slot, LATERAL).
+const takeWaitingSQL = `
+DELETE FROM delivery_slot_waiting w
+USING (SELECT x.tid FROM unnest($1::text[], $2::text[], $3::text[]) AS k(acct, cust, meter)
+       CROSS JOIN LATERAL (
+           SELECT w2.ctid AS tid FROM delivery_slot_waiting w2
+           WHERE w2.destination_account = k.acct AND w2.stripe_customer = k.cust AND w2.meter_id = k.meter
+       ) x) t
+WHERE w.ctid = t.tid
+RETURNING w.destination_account, w.stripe_customer, w.meter_id, w.message`
+
+// handOffSQL leaves messages for a delivery slot while another lease holds
+// it (held, unexpired) and fewer than $6 messages wait for it. The key-share
+// lock on the slot makes a concurrent release wait for this statement's
+// commit, so the releasing holder's takeWaitingSQL sees these rows.
+const handOffSQL = `
+WITH slot AS MATERIALIZED (
+    SELECT 1 FROM delivery_slots s
+    WHERE s.destination_account = $1 AND s.stripe_customer = $2 AND s.meter_id = $3
+      AND s.item_id IS NOT NULL AND s.expires_at >= coalesce($5::timestamptz, now())
+    FOR KEY SHARE
+)
+INSERT INTO delivery_slot_waiting (destination_account, stripe_customer, meter_id, message)
+SELECT $1, $2, $3, m FROM unnest($4::bytea[]) AS m
+WHERE EXISTS (SELECT 1 FROM slot)
+  AND (SELECT count(*) FROM delivery_slot_waiting w
+       WHERE w.destination_account = $1 AND w.stripe_customer = $2 AND w.meter_id = $3) + cardinality($4::bytea[]) <= $6`
+
+// handOff gives ms to the live holder of slot: right after the outcome
+// write that frees the slot, the holder takes them and claims them next
+// (migration 00015). It reports whether the slot took them; false when the
+// slot is free or expired by now (claim again) or limit messages already
+// wait for it. now is the clock override (nil = the database's).
+func handOff(ctx context.Context, db DB, now *time.Time, slot slotKey, ms []outbox.Message, limit int) (bool, error) {
+	raw := make([][]byte, len(ms))
+	for i, m := range ms {
+		raw[i] = m.Encode()
+	}
+	tag, err := db.Exec(ctx, handOffSQL, slot.Account, slot.Customer, slot.Meter, raw, now, limit)
+	if err != nil {
+		return false, fmt.Errorf("deliverer: hand off %d items: %w", len(ms), err)
+	}
+	return tag.RowsAffected() == int64(len(ms)), nil
 }
 
 func truncate(s string, n int) string {

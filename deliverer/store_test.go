@@ -278,7 +278,7 @@ func TestClaimBatch(t *testing.T) {
 	}
 	stale := rs[1].Item
 	stale.LeaseToken = 99
-	errs, err := recordOutcomes(context.Background(), f.pool, &f.now, []record{
+	errs, _, err := recordOutcomes(context.Background(), f.pool, &f.now, []record{
 		{Item: rs[1].Item, Outcome: OutcomeAccepted},
 		{Item: rs[2].Item, Outcome: OutcomeRetry, RetryDelay: time.Second},
 	})
@@ -288,7 +288,7 @@ func TestClaimBatch(t *testing.T) {
 	if got := f.claim(b, f.now); got.Verdict != verdictClaimed {
 		t.Fatalf("b after a freed the slot: %v", got.Verdict)
 	}
-	errs, err = recordOutcomes(context.Background(), f.pool, &f.now, []record{{Item: stale, Outcome: OutcomeAccepted}})
+	errs, _, err = recordOutcomes(context.Background(), f.pool, &f.now, []record{{Item: stale, Outcome: OutcomeAccepted}})
 	if err != nil || !errors.Is(errs[0], outbox.ErrStaleLease) {
 		t.Fatalf("stale in batch: %v %v", errs, err)
 	}
@@ -328,7 +328,7 @@ func TestClaimGroup(t *testing.T) {
 	if got := f.claim(c, f.now); got.Verdict != verdictSlotBusy {
 		t.Fatalf("c while the group holds the slot: %v", got.Verdict)
 	}
-	errs, err := recordOutcomes(context.Background(), f.pool, &f.now, []record{
+	errs, _, err := recordOutcomes(context.Background(), f.pool, &f.now, []record{
 		{Item: rs[0].Item, Outcome: OutcomeAccepted},
 		{Item: rs[1].Item, Outcome: OutcomeAccepted},
 	})
@@ -337,5 +337,71 @@ func TestClaimGroup(t *testing.T) {
 	}
 	if got := f.claim(c, f.now); got.Verdict != verdictClaimed {
 		t.Fatalf("c after the group was recorded: %v", got.Verdict)
+	}
+}
+
+// TestHandOff: a loser leaves its items with the live holder of the slot;
+// the holder's outcome write frees the slot and returns them (and clears the
+// list); a free or expired slot refuses them; whoever takes an expired slot
+// over inherits its list; the list is bounded.
+func TestHandOff(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newStore(t)
+	a, b, c := f.stage("event:a"), f.stage("event:b"), f.stage("event:c")
+	msg := func(r outbox.Row) outbox.Message {
+		return outbox.Message{ItemID: r.ID, Key: r.IdempotencyKey, Dispatch: r.Dispatch, Feature: "api_calls"}
+	}
+	ra := f.claim(a, f.now)
+	rb := f.claim(b, f.now)
+	if ra.Verdict != verdictClaimed || rb.Verdict != verdictSlotBusy {
+		t.Fatalf("verdicts %v %v", ra.Verdict, rb.Verdict)
+	}
+	want := slotKey{Account: "acct_s", Customer: "cus_s", Meter: "mtr_1"}
+	if rb.Slot == nil || *rb.Slot != want {
+		t.Fatalf("busy slot: %+v", rb.Slot)
+	}
+	if ok, err := handOff(ctx, f.pool, &f.now, want, []outbox.Message{msg(b)}, 1); err != nil || !ok {
+		t.Fatalf("hand-off to a live holder: %v %v", ok, err)
+	}
+	if ok, err := handOff(ctx, f.pool, &f.now, want, []outbox.Message{msg(c)}, 1); err != nil || ok {
+		t.Fatalf("a full list must refuse: %v %v", ok, err)
+	}
+	errs, handed, err := recordOutcomes(ctx, f.pool, &f.now, []record{{Item: ra.Item, Outcome: OutcomeAccepted}})
+	if err != nil || errs[0] != nil {
+		t.Fatal(err, errs)
+	}
+	if len(handed[0]) != 1 || handed[0][0] != msg(b) {
+		t.Fatalf("handed back to the holder: %+v", handed)
+	}
+	if ok, err := handOff(ctx, f.pool, &f.now, want, []outbox.Message{msg(c)}, 10); err != nil || ok {
+		t.Fatalf("a free slot must refuse: %v %v", ok, err)
+	}
+
+	// The holder dies with a list: the takeover inherits it.
+	rb = f.claim(b, f.now)
+	if rb.Verdict != verdictClaimed {
+		t.Fatal(rb.Verdict)
+	}
+	if ok, err := handOff(ctx, f.pool, &f.now, want, []outbox.Message{msg(c)}, 10); err != nil || !ok {
+		t.Fatalf("hand-off: %v %v", ok, err)
+	}
+	late := f.now.Add(61 * time.Second) // b's one-minute lease (and slot) expired
+	if ok, err := handOff(ctx, f.pool, &late, want, []outbox.Message{msg(a)}, 10); err != nil || ok {
+		t.Fatalf("an expired slot must refuse: %v %v", ok, err)
+	}
+	rc := f.claim(c, late)
+	if rc.Verdict != verdictClaimed {
+		t.Fatal(rc.Verdict)
+	}
+	_, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rc.Item, Outcome: OutcomeAccepted}})
+	if err != nil || len(handed[0]) != 1 || handed[0][0] != msg(c) {
+		t.Fatalf("inherited list: %+v %v", handed, err)
+	}
+	// The slow holder's late write (its own lease was not taken over) still
+	// lands, but the slot is no longer its own: it takes nothing.
+	errs, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rb.Item, Outcome: OutcomeAccepted}})
+	if err != nil || errs[0] != nil || len(handed[0]) != 0 {
+		t.Fatalf("slow holder: %v %+v %v", errs, handed, err)
 	}
 }
