@@ -24,6 +24,7 @@ import (
 	"net/url"
 	"os"
 	"sort"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -115,6 +116,7 @@ func buildTemplate(ctx context.Context) (string, error) {
 		return "", err
 	}
 	if exists {
+		touchTemplate(ctx, admin, name)
 		dropStaleTemplates(ctx, admin, name)
 		return name, nil
 	}
@@ -130,8 +132,21 @@ func buildTemplate(ctx context.Context) (string, error) {
 	if _, err := admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH is_template = true ALLOW_CONNECTIONS = false"); err != nil {
 		return "", err
 	}
+	touchTemplate(ctx, admin, name)
 	dropStaleTemplates(ctx, admin, name)
 	return name, nil
+}
+
+// staleTemplateAge is how long a template of another migration set must go
+// unused before dropStaleTemplates drops it: another checkout (a branch with
+// a new migration) may be running its tests against the same server now.
+const staleTemplateAge = 6 * time.Hour
+
+// touchTemplate records when a test binary last used the template (its
+// comment, Unix seconds), so dropStaleTemplates leaves templates in use
+// alone.
+func touchTemplate(ctx context.Context, admin *pgx.Conn, name string) {
+	_, _ = admin.Exec(ctx, "COMMENT ON DATABASE "+pgx.Identifier{name}.Sanitize()+" IS '"+strconv.FormatInt(time.Now().Unix(), 10)+"'")
 }
 
 // NewDatabase creates a fresh migrated database and returns its URL; it is
@@ -215,18 +230,23 @@ func dropDatabase(t testing.TB, name string) {
 	}
 }
 
-// dropStaleTemplates drops the templates of older migration sets: dead
-// weight on the server. One still being cloned by another binary refuses
-// and is left for next time.
+// dropStaleTemplates drops the templates of other migration sets that no
+// test binary used for staleTemplateAge (touchTemplate): dead weight on the
+// server. Dropping one that another checkout's tests still clone broke
+// those tests. One still being cloned refuses and is left for next time.
 func dropStaleTemplates(ctx context.Context, admin *pgx.Conn, current string) {
-	rows, err := admin.Query(ctx, "SELECT datname FROM pg_database WHERE datname LIKE 'aurora\\_tmpl\\_%' AND datname <> $1", current)
+	rows, err := admin.Query(ctx, "SELECT datname, coalesce(shobj_description(oid, 'pg_database'), '') FROM pg_database WHERE datname LIKE 'aurora\\_tmpl\\_%' AND datname <> $1", current)
 	if err == nil {
 		var stale []string
 		for rows.Next() {
-			var n string
-			if rows.Scan(&n) == nil {
-				stale = append(stale, n)
+			var n, used string
+			if rows.Scan(&n, &used) != nil {
+				continue
 			}
+			if at, err := strconv.ParseInt(used, 10, 64); err == nil && time.Since(time.Unix(at, 0)) < staleTemplateAge {
+				continue
+			}
+			stale = append(stale, n)
 		}
 		rows.Close()
 		for _, n := range stale {
