@@ -95,12 +95,18 @@ func (c *Config) Validate() error {
 			filter = &config.RangeError{Var: config.Prefix + "DELIVERER_FILTER_SUBJECT", Value: c.FilterSubject, Allowed: "comma-separated subjects starting with " + outbox.SubjectPrefix + "."}
 		}
 	}
+	// The call must end within the lease; judged only against a lease that
+	// is itself in range (else the one error is the lease's).
+	timeoutMax := 3599
+	if config.IntRange("OUTBOX_LEASE_SECONDS", c.LeaseSeconds, 5, 3600, "") == nil {
+		timeoutMax = c.LeaseSeconds - 1
+	}
 	return errors.Join(
 		c.Outbox.Validate(),
 		config.IntRange("DELIVERER_CONCURRENCY", c.Concurrency, 1, 4096, "calls"),
 		consumer, filter,
 		config.IntRange("DELIVERER_ACK_WAIT_SECONDS", c.AckWaitSeconds, 5, 3600, "seconds"),
-		config.IntRange("STRIPE_TIMEOUT_SECONDS", c.ProviderTimeoutSeconds, 1, max(1, c.LeaseSeconds-1), "seconds, below AURORA_OUTBOX_LEASE_SECONDS"),
+		config.IntRange("STRIPE_TIMEOUT_SECONDS", c.ProviderTimeoutSeconds, 1, timeoutMax, "seconds, below AURORA_OUTBOX_LEASE_SECONDS"),
 		config.IntRange("DELIVERER_BUSY_DELAY_MS", c.BusyDelayMillis, 10, 60000, "milliseconds"),
 		config.IntRange("DELIVERER_SHUTDOWN_SECONDS", c.ShutdownSeconds, 1, 600, "seconds"),
 	)

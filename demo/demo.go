@@ -388,13 +388,6 @@ func freshDatabase(ctx context.Context, serverURL string) (string, string, func(
 	}
 	defer admin.Close(ctx)
 	name := fmt.Sprintf("aurora_demo_%d", time.Now().UnixNano())
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return "", "", nil, fmt.Errorf("demo: create database %s (the role needs CREATEDB): %w", name, err)
-	}
-	url, err := replaceDatabase(serverURL, name)
-	if err != nil {
-		return "", "", nil, err
-	}
 	drop := func() {
 		c, err := pgx.ConnectConfig(context.Background(), cfg)
 		if err != nil {
@@ -402,6 +395,18 @@ func freshDatabase(ctx context.Context, serverURL string) (string, string, func(
 		}
 		defer c.Close(context.Background())
 		_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	}
+	// Not cancelled by Ctrl-C: a CREATE DATABASE the server finished while
+	// the client gave up left the database behind (a fresh user's trial).
+	// It takes a fraction of a second; the caller stops right after.
+	if _, err := admin.Exec(context.WithoutCancel(ctx), "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		drop()
+		return "", "", nil, fmt.Errorf("demo: create database %s (the role needs CREATEDB): %w", name, err)
+	}
+	url, err := replaceDatabase(serverURL, name)
+	if err != nil {
+		drop()
+		return "", "", nil, err
 	}
 	return url, name, drop, nil
 }
