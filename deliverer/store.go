@@ -413,8 +413,9 @@ type record struct {
 // delivery slot is freed if this lease still holds it (slots locked in key
 // order, like the claim); the attempt row is written with its outcome, or
 // stale_lease when the fenced update matched zero rows (filling in the row
-// a takeover wrote, if any). Returns, per record, whether it moved and
-// whether it freed a slot.
+// a takeover wrote, if any). Returns, per record, whether it moved and the
+// messages other processes left for the slot it freed (aurora_take_waiting,
+// called after held locked the slot: migration 00015).
 //
 // Every table is reached by key lookups the planner cannot turn into scans:
 // a join on the batch let it answer with hash joins over sequential scans
@@ -472,7 +473,8 @@ att AS (
         finished_at = excluded.finished_at, outcome = excluded.outcome, http_status = excluded.http_status,
         stripe_request_id = excluded.stripe_request_id, error_code = excluded.error_code, error_message = excluded.error_message
 )
-SELECT r.id, r.id IN (SELECT id FROM upd), h.tid IS NOT NULL
+SELECT r.id, r.id IN (SELECT id FROM upd),
+       CASE WHEN h.tid IS NOT NULL THEN aurora_take_waiting(r.acct, r.cust, r.meter) ELSE '{}' END
 FROM rec r LEFT JOIN held h ON h.id = r.id`
 
 // recordOutcome writes one record. A fenced update of zero rows returns
@@ -544,12 +546,15 @@ func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record) ([]
 	if err != nil {
 		return nil, nil, fmt.Errorf("deliverer: record %d outcomes: %w", n, err)
 	}
-	type answer struct{ moved, freed bool }
+	type answer struct {
+		moved   bool
+		waiting [][]byte
+	}
 	got := make(map[int64]answer, n)
 	for rows.Next() {
 		var id int64
 		var a answer
-		if err := rows.Scan(&id, &a.moved, &a.freed); err != nil {
+		if err := rows.Scan(&id, &a.moved, &a.waiting); err != nil {
 			rows.Close()
 			return nil, nil, fmt.Errorf("deliverer: record %d outcomes: scan: %w", n, err)
 		}
@@ -559,63 +564,27 @@ func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record) ([]
 		return nil, nil, fmt.Errorf("deliverer: record %d outcomes: %w", n, err)
 	}
 	out := make([]error, n)
-	freed := map[slotKey]int{} // slot → the record that freed it
+	handed := make([][]outbox.Message, n)
 	for i, r := range rs {
 		a := got[r.Item.ItemID]
 		if !a.moved {
 			out[i] = fmt.Errorf("item %d lease_token %d: %w", r.Item.ItemID, r.Item.LeaseToken, outbox.ErrStaleLease)
 		}
-		if a.freed {
-			freed[slotKey{Account: r.Item.Account, Customer: *r.Item.Ctx.StripeCustomer, Meter: *r.Item.Ctx.MeterID}] = i
-		}
-	}
-	handed := make([][]outbox.Message, n)
-	if len(freed) == 0 {
-		return out, handed, nil
-	}
-	// The messages left for the freed slots, in a statement of its own: it
-	// sees every hand-off that committed before the release (a hand-off holds
-	// a key-share lock on the slot, which the release waited for).
-	keyAccts, keyCusts, keyMeters := make([]string, 0, len(freed)), make([]string, 0, len(freed)), make([]string, 0, len(freed))
-	for k := range freed {
-		keyAccts, keyCusts, keyMeters = append(keyAccts, k.Account), append(keyCusts, k.Customer), append(keyMeters, k.Meter)
-	}
-	wrows, err := db.Query(ctx, takeWaitingSQL, keyAccts, keyCusts, keyMeters)
-	if err != nil {
-		// The outcomes are written; the messages stay for the slot's next
-		// holder (or the relay's re-dispatch sweep).
-		return out, handed, nil
-	}
-	defer wrows.Close()
-	for wrows.Next() {
-		var k slotKey
-		var raw []byte
-		if err := wrows.Scan(&k.Account, &k.Customer, &k.Meter, &raw); err != nil {
-			return out, handed, nil
-		}
-		if m, err := outbox.DecodeMessage(raw); err == nil {
-			handed[freed[k]] = append(handed[freed[k]], m)
+		for _, raw := range a.waiting {
+			// A message that does not decode cannot be claimed: its item is
+			// pending and published, and the relay's sweep publishes it again.
+			if m, err := outbox.DecodeMessage(raw); err == nil {
+				handed[i] = append(handed[i], m)
+			}
 		}
 	}
 	return out, handed, nil
 }
 
-// takeWaitingSQL deletes and returns the messages left for the given slots
-// (one index lookup per slot, LATERAL).
-const takeWaitingSQL = `
-DELETE FROM delivery_slot_waiting w
-USING (SELECT x.tid FROM unnest($1::text[], $2::text[], $3::text[]) AS k(acct, cust, meter)
-       CROSS JOIN LATERAL (
-           SELECT w2.ctid AS tid FROM delivery_slot_waiting w2
-           WHERE w2.destination_account = k.acct AND w2.stripe_customer = k.cust AND w2.meter_id = k.meter
-       ) x) t
-WHERE w.ctid = t.tid
-RETURNING w.destination_account, w.stripe_customer, w.meter_id, w.message`
-
 // handOffSQL leaves messages for a delivery slot while another lease holds
 // it (held, unexpired) and fewer than $6 messages wait for it. The key-share
 // lock on the slot makes a concurrent release wait for this statement's
-// commit, so the releasing holder's takeWaitingSQL sees these rows.
+// commit, and its aurora_take_waiting (a fresh snapshot) sees these rows.
 const handOffSQL = `
 WITH slot AS MATERIALIZED (
     SELECT 1 FROM delivery_slots s

@@ -9,8 +9,9 @@
 -- fewer items per second). Now the loser leaves the messages here for the
 -- slot (only while the slot is held and unexpired, under a key-share lock
 -- on it, so a release waits for the hand-off to commit) and acks them; the
--- holder, right after the outcome write that frees the slot, takes every
--- message left for it and claims those items next, as one group. The rows
+-- holder's outcome write frees the slot and takes every message left for it
+-- (aurora_take_waiting), and the holder claims those items next, as one
+-- group. The rows
 -- are keyed by the slot, not the holder: a holder that dies leaves them to
 -- whoever holds the slot next. If they are lost (Postgres restarting: the
 -- table is UNLOGGED), the items are pending and published, and the relay's
@@ -34,5 +35,22 @@ CREATE UNLOGGED TABLE delivery_slot_waiting (
 );
 CREATE INDEX delivery_slot_waiting_slot_idx ON delivery_slot_waiting (destination_account, stripe_customer, meter_id);
 
+-- Deletes and returns the messages left for a slot. VOLATILE on purpose:
+-- called by the outcome write after it locked the slot, it reads with a
+-- fresh snapshot and so sees a hand-off that committed while the write
+-- waited for that lock (the statement's own snapshot predates it).
+-- +goose StatementBegin
+CREATE FUNCTION aurora_take_waiting(acct text, cust text, meter text) RETURNS bytea[]
+LANGUAGE sql VOLATILE AS $$
+    WITH taken AS (
+        DELETE FROM delivery_slot_waiting
+        WHERE destination_account = acct AND stripe_customer = cust AND meter_id = meter
+        RETURNING message
+    )
+    SELECT coalesce(array_agg(message), '{}') FROM taken
+$$;
+-- +goose StatementEnd
+
 -- +goose Down
+DROP FUNCTION aurora_take_waiting(text, text, text);
 DROP TABLE delivery_slot_waiting;
