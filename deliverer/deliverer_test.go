@@ -335,3 +335,56 @@ func skipped(reg *prometheus.Registry, why string) float64 {
 	}
 	return 0
 }
+
+// TestHandOffInheritedAfterHolderDies: the slot's holder died mid-call (its
+// lease and slot are live, nobody will record for it). A replica hands the
+// customer's other items to that slot and acks their messages. Once the
+// lease expires, the dead holder's redelivered message takes the item and
+// the slot over, and the new holder's outcome write takes the handed items
+// with the slot: every item is applied once, nothing is lost.
+func TestHandOffInheritedAfterHolderDies(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stripeemulator.Faults{})
+	now := h.clk.Now()
+	x := h.stage(h.item("org_1", "event:dead-holder", 1))
+	h.exec(`UPDATE outbox_items SET state = 'leased', lease_token = 1, attempts = 1, first_attempt_at = $2::timestamptz,
+		lease_expires_at = $2::timestamptz + interval '60 seconds', leased_at = $2::timestamptz WHERE id = $1`, x.ID, now)
+	h.exec(`INSERT INTO delivery_slots (destination_account, stripe_customer, meter_id, item_id, lease_token, expires_at)
+		VALUES ($1, $2, $3, $4, 1, $5::timestamptz + interval '60 seconds')`, acct, customer, h.meter.ID, x.ID, now)
+	r := h.start(testConfig())
+	var ys []int64
+	for i := range 3 {
+		row := h.stage(h.item("org_1", fmt.Sprintf("event:handed%d", i), 1))
+		ys = append(ys, row.ID)
+		h.publish(row.ID)
+	}
+	h.await("three items handed to the dead holder's slot", func() bool {
+		var n int
+		_ = h.pool.QueryRow(context.Background(), `SELECT count(*) FROM delivery_slot_waiting`).Scan(&n)
+		return n == 3 && h.pending() == 0 && skipped(r.reg, "handed_off") == 3
+	})
+	for _, id := range ys {
+		if got := h.get(id); got.State != outbox.StatePending || got.Attempts != 0 {
+			t.Fatalf("item %d before the takeover: %s, %d attempts", id, got.State, got.Attempts)
+		}
+	}
+	h.clk.Set(now.Add(61 * time.Second)) // the dead holder's lease (and slot) expired
+	h.publish(x.ID)                      // its message, redelivered
+	h.awaitState(x.ID, outbox.StateAccepted)
+	for _, id := range ys {
+		h.awaitState(id, outbox.StateAccepted)
+		if as := h.attempts(id); len(as) != 1 {
+			t.Errorf("item %d: attempts %v", id, outcomes(as))
+		}
+	}
+	if as := h.attempts(x.ID); strings.Join(outcomes(as), ",") != "stale_lease,accepted" {
+		t.Errorf("dead holder's item: attempts %v", outcomes(as))
+	}
+	if len(h.emu.Applied()) != 4 || len(h.emu.DuplicateApplications()) != 0 {
+		t.Fatalf("applied %d, duplicates %d", len(h.emu.Applied()), len(h.emu.DuplicateApplications()))
+	}
+	var left int
+	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM delivery_slot_waiting`).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("messages left waiting: %d %v", left, err)
+	}
+}
