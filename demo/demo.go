@@ -102,6 +102,12 @@ type Rejected struct {
 // ErrNotDrained: items were still pending or leased when the timeout hit.
 var ErrNotDrained = errors.New("demo: not drained before the timeout")
 
+// ErrNoUsage: the input file held no usable usage line (empty, or every
+// line malformed). The run still completes and its summary counts and
+// reports the malformed lines; the error makes the exit status say that
+// nothing was exercised.
+var ErrNoUsage = errors.New("demo: the input has no usable usage lines")
+
 // ErrInterrupted: ctx ended (Ctrl-C, SIGTERM) before the run finished. The
 // components were stopped in order and the demo database dropped (unless
 // KeepDatabase).
@@ -343,6 +349,9 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 	}
 	if !drained {
 		return sum, ErrNotDrained
+	}
+	if o.Input != "" && sum.UsageEvents == 0 {
+		return sum, fmt.Errorf("%w (%d non-blank lines, %d malformed)", ErrNoUsage, res.Lines, sum.MalformedLines)
 	}
 	return sum, nil
 }

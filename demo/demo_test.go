@@ -3,6 +3,7 @@ package demo
 import (
 	"bufio"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -139,6 +140,27 @@ func TestDemoMalformedLinesCountedNotStaged(t *testing.T) {
 		t.Fatalf("%+v", s)
 	}
 	assertBalanced(t, s)
+}
+
+// A file with no usable line (all malformed, or empty) still runs and
+// reports, and says so in its error (exit status 1).
+func TestDemoNoUsableLines(t *testing.T) {
+	t.Parallel()
+	for name, content := range map[string]string{"garbage.log": "not a log line\nnor this\n", "empty.log": ""} {
+		p := filepath.Join(t.TempDir(), name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		o := testOptions(t)
+		o.Input = p
+		s, err := Run(context.Background(), o)
+		if !errors.Is(err, ErrNoUsage) || s == nil || s.ItemsStaged != 0 || !s.Drained {
+			t.Fatalf("%s: %v %+v", name, err, s)
+		}
+		if name == "garbage.log" && (s.MalformedLines != 2 || len(s.FirstMalformed) != 2) {
+			t.Fatalf("%s: malformed %d %+v", name, s.MalformedLines, s.FirstMalformed)
+		}
+	}
 }
 
 func TestDemoBadInputFile(t *testing.T) {
