@@ -30,10 +30,16 @@ var ErrInvalid = errors.New("config: invalid")
 type RangeError struct {
 	Var     string // full variable name, e.g. "AURORA_OUTBOX_LEASE_SECONDS"
 	Value   string // the value given
-	Allowed string // the allowed range or set, e.g. "5..3600 (seconds)"
+	Allowed string // the allowed range or set, e.g. "5..3600 (seconds)", or the type wanted
+	// Malformed: the value does not parse as its type at all (Allowed then
+	// names the type, e.g. "an integer").
+	Malformed bool
 }
 
 func (e *RangeError) Error() string {
+	if e.Malformed {
+		return fmt.Sprintf("config: %s=%s is not %s", e.Var, e.Value, e.Allowed)
+	}
 	return fmt.Sprintf("config: %s=%s is out of range; allowed %s", e.Var, e.Value, e.Allowed)
 }
 
@@ -64,7 +70,7 @@ func LoadFrom(dst Validator, environ map[string]string) error {
 				var pe env.ParseError
 				if errors.As(e, &pe) {
 					if tag := envTag(reflect.TypeOf(dst), pe.Name); tag != "" {
-						return &RangeError{Var: Prefix + tag, Value: environValue(environ, Prefix+tag), Allowed: "a value of type " + pe.Type.String()}
+						return &RangeError{Var: Prefix + tag, Value: environValue(environ, Prefix+tag), Allowed: typeWanted(pe.Type), Malformed: true}
 					}
 				}
 			}
@@ -72,6 +78,21 @@ func LoadFrom(dst Validator, environ map[string]string) error {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return dst.Validate()
+}
+
+// typeWanted names what a variable of type t must look like.
+func typeWanted(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Bool:
+		return "true or false"
+	default:
+		return "a value of type " + t.String()
+	}
 }
 
 // envTag finds the env tag of the field named name anywhere in t.

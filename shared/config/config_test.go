@@ -65,7 +65,7 @@ func TestMalformedNumberIsInvalid(t *testing.T) {
 	t.Parallel()
 	var c all
 	err := LoadFrom(&c, map[string]string{"AURORA_OUTBOX_LEASE_SECONDS": "two minutes"})
-	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "OUTBOX_LEASE_SECONDS") {
+	if !errors.Is(err, ErrInvalid) || err.Error() != "config: AURORA_OUTBOX_LEASE_SECONDS=two minutes is not an integer" {
 		t.Fatalf("got %v", err)
 	}
 }
