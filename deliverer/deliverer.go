@@ -289,6 +289,32 @@ func (d *Deliverer) Run(ctx context.Context) error {
 	return nil
 }
 
+// isStopping reports whether Run is shutting down (no new work is taken).
+func (d *Deliverer) isStopping() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.stopping
+}
+
+// requeueHanded gives items handed to this process (no JetStream message)
+// that it will not claim a new dispatch, so the relay publishes them at once
+// (requeue). If that fails too they wait for the relay's re-dispatch sweep.
+func (d *Deliverer) requeueHanded(ms []outbox.Message, why string) {
+	if len(ms) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := requeue(ctx, d.db, ms); err != nil {
+		d.m.errors.WithLabelValues("requeue").Inc()
+		d.m.skips.WithLabelValues("handoff_unclaimed").Add(float64(len(ms)))
+		d.log.Error("deliverer: handed-off items not requeued; left to the re-dispatch sweep", "items", len(ms), "why", why, "err", err)
+		return
+	}
+	d.m.skips.WithLabelValues("handoff_requeued").Add(float64(len(ms)))
+	d.log.Debug("deliverer: handed-off items requeued", "items", len(ms), "why", why)
+}
+
 func (d *Deliverer) enter() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -361,8 +387,8 @@ func nextWait(wait time.Duration, slotOnly bool) time.Duration {
 
 // groupMsg is one message of a group being handled. msg is nil for an item
 // another process handed to this one's delivery slot (handOff): there is no
-// JetStream message to settle, and an item left unclaimed is published again
-// by the relay's re-dispatch sweep.
+// JetStream message to settle, so an item this process does not claim is
+// requeued (a new dispatch the relay publishes at once).
 type groupMsg struct {
 	msg jetstream.Msg
 	m   outbox.Message
@@ -443,9 +469,13 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 		if err != nil {
 			d.m.errors.WithLabelValues("claim").Inc()
 			d.log.Error("deliverer: claim failed; messages delayed", "items", len(todo), "err", err)
+			var handed []outbox.Message
 			for _, g := range todo {
-				d.settle(g, claimResult{Verdict: verdictLocked})
+				if !g.nakWithDelay(d.busy()) {
+					handed = append(handed, g.m)
+				}
 			}
+			d.requeueHanded(handed, "claim_failed")
 			return
 		}
 		var won []groupMsg
@@ -522,20 +552,34 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 			handed = d.attempt(ctx, won, wonCR, progress)
 		}
 		todo = again
+		if len(handed) > 0 && d.isStopping() {
+			// Stopping: no new group; the relay publishes them again.
+			d.requeueHanded(handed, "shutdown")
+			handed = nil
+		}
 		if len(handed) > 0 {
 			// Items other processes gave to the slot this group just freed:
-			// claimed next, as one group, without waiting.
-			// (An item may come back after this group handed it on earlier:
-			// only a copy already waiting here is skipped.)
+			// claimed next, as one group, after a millisecond. An item can be
+			// listed twice (handed on, swept to a new dispatch, handed again):
+			// the highest dispatch is the live one. A copy already queued
+			// here (a JetStream message) is kept instead.
 			queued := make(map[int64]bool, len(todo))
 			for _, g := range todo {
 				queued[g.m.ItemID] = true
 			}
+			latest := make(map[int64]int, len(handed)) // item → index in todo
 			for _, m := range handed {
-				if !queued[m.ItemID] {
-					queued[m.ItemID] = true
-					todo = append(todo, groupMsg{m: m})
+				if queued[m.ItemID] {
+					continue
 				}
+				if i, ok := latest[m.ItemID]; ok {
+					if m.Dispatch > todo[i].m.Dispatch {
+						todo[i].m = m
+					}
+					continue
+				}
+				latest[m.ItemID] = len(todo)
+				todo = append(todo, groupMsg{m: m})
 			}
 			wait, slotOnly = 0, false
 		}
@@ -547,11 +591,11 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 func (d *Deliverer) settle(g groupMsg, cr claimResult) {
 	m := g.m
 	// back hands the message back to JetStream for delay; a handed-off item
-	// has none and waits for the relay's re-dispatch sweep.
+	// has none and is requeued.
 	back := func(why string, delay time.Duration) {
 		if !g.nakWithDelay(delay) {
-			why = "handoff_unclaimed"
-			d.log.Debug("deliverer: handed-off item not claimed; left to the re-dispatch sweep", "item", m.ItemID, "why", cr.Verdict.String())
+			d.requeueHanded([]outbox.Message{m}, why)
+			return
 		}
 		d.m.skips.WithLabelValues(why).Inc()
 	}
@@ -672,7 +716,10 @@ func (d *Deliverer) attempt(ctx context.Context, msgs []groupMsg, crs []claimRes
 		// same key (Stripe collapses it). Come back then.
 		d.m.errors.WithLabelValues("record").Inc()
 		d.log.Error("deliverer: record outcome failed; item will be reclaimed after its lease", "item", c.ItemID, "err", err)
-		msg.nakWithDelay(max(c.LeaseExpiresAt.Sub(crs[i].Now), d.s.busyDelay) + d.s.busyDelay)
+		if !msg.nakWithDelay(max(c.LeaseExpiresAt.Sub(crs[i].Now), d.s.busyDelay) + d.s.busyDelay) {
+			// A new dispatch: the relay publishes it once the lease expires.
+			d.requeueHanded([]outbox.Message{msg.m}, "record_failed")
+		}
 	}
 	return handed
 }

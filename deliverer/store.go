@@ -474,14 +474,14 @@ att AS (
         stripe_request_id = excluded.stripe_request_id, error_code = excluded.error_code, error_message = excluded.error_message
 )
 SELECT r.id, r.id IN (SELECT id FROM upd),
-       CASE WHEN h.tid IS NOT NULL THEN aurora_take_waiting(r.acct, r.cust, r.meter) ELSE '{}' END
+       CASE WHEN h.tid IS NOT NULL THEN aurora_take_waiting(r.acct, r.cust, r.meter, $19) ELSE '{}' END
 FROM rec r LEFT JOIN held h ON h.id = r.id`
 
 // recordOutcome writes one record. A fenced update of zero rows returns
 // outbox.ErrStaleLease (the attempt row says stale_lease; nothing else
 // changed).
 func recordOutcome(ctx context.Context, db DB, r record) error {
-	errs, _, err := recordOutcomes(ctx, db, r.Now, []record{r})
+	errs, _, err := recordOutcomes(ctx, db, r.Now, []record{r}, 0)
 	if err != nil {
 		return err
 	}
@@ -491,10 +491,11 @@ func recordOutcome(ctx context.Context, db DB, r record) error {
 // recordOutcomes writes rs in one statement (item ids unique; now is the
 // clock override for all). It returns one error per record (nil, or
 // outbox.ErrStaleLease) and, per record, the messages other processes handed
-// to the delivery slot that record freed (see handOff; an entry that does not
-// decode is dropped and left to the relay's re-dispatch sweep); the last
-// return is a database error for the batch.
-func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record) ([]error, [][]outbox.Message, error) {
+// to the delivery slot that record freed, at most take per slot, oldest
+// first (see handOff; an entry that does not decode is dropped and left to
+// the relay's re-dispatch sweep); the last return is a database error for
+// the batch.
+func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record, take int) ([]error, [][]outbox.Message, error) {
 	n := len(rs)
 	ids, tokens := make([]int64, n), make([]int64, n)
 	states, outcomes := make([]string, n), make([]string, n)
@@ -542,7 +543,7 @@ func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record) ([]
 		}
 	}
 	rows, err := db.Query(ctx, recordSQL, now, ids, tokens, states, reasons, delays, lastErrs, refs,
-		accts, custs, meters, outcomes, statuses, reqIDs, codes, msgs, attempts, started)
+		accts, custs, meters, outcomes, statuses, reqIDs, codes, msgs, attempts, started, take)
 	if err != nil {
 		return nil, nil, fmt.Errorf("deliverer: record %d outcomes: %w", n, err)
 	}
@@ -582,7 +583,8 @@ func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record) ([]
 }
 
 // handOffSQL leaves messages for a delivery slot while another lease holds
-// it (held, unexpired) and fewer than $6 messages wait for it. The key-share
+// it (held, unexpired) and at most $6 would wait for it in all (counted in
+// this statement's snapshot: concurrent hand-offs can pass it a little). The key-share
 // lock on the slot makes a concurrent release wait for this statement's
 // commit, and its aurora_take_waiting (a fresh snapshot) sees these rows.
 const handOffSQL = `
@@ -597,6 +599,31 @@ SELECT $1, $2, $3, m FROM unnest($4::bytea[]) AS m
 WHERE EXISTS (SELECT 1 FROM slot)
   AND (SELECT count(*) FROM delivery_slot_waiting w
        WHERE w.destination_account = $1 AND w.stripe_customer = $2 AND w.meter_id = $3) + cardinality($4::bytea[]) <= $6`
+
+// requeueSQL gives a new dispatch to handed-off items still pending (or
+// leased) at the dispatch they were handed with, so the relay publishes them
+// again at once: they have no JetStream message any more.
+const requeueSQL = `
+UPDATE outbox_items o SET dispatch = o.dispatch + 1
+FROM unnest($1::bigint[], $2::int[]) AS r(id, dispatch)
+WHERE o.id = r.id AND o.dispatch = r.dispatch AND o.state IN ('pending', 'leased')`
+
+// requeue hands items that were handed to this process (no JetStream
+// message) and that it cannot claim back to the relay: a new dispatch, so
+// a new message, instead of waiting for the re-dispatch sweep. Items whose
+// dispatch moved on already have a newer message and are left alone. It
+// returns how many rows moved.
+func requeue(ctx context.Context, db DB, ms []outbox.Message) (int64, error) {
+	ids, dispatches := make([]int64, len(ms)), make([]int32, len(ms))
+	for i, m := range ms {
+		ids[i], dispatches[i] = m.ItemID, m.Dispatch
+	}
+	tag, err := db.Exec(ctx, requeueSQL, ids, dispatches)
+	if err != nil {
+		return 0, fmt.Errorf("deliverer: requeue %d handed-off items: %w", len(ms), err)
+	}
+	return tag.RowsAffected(), nil
+}
 
 // handOff gives ms to the live holder of slot: right after the outcome
 // write that frees the slot, the holder takes them and claims them next

@@ -281,14 +281,14 @@ func TestClaimBatch(t *testing.T) {
 	errs, _, err := recordOutcomes(context.Background(), f.pool, &f.now, []record{
 		{Item: rs[1].Item, Outcome: OutcomeAccepted},
 		{Item: rs[2].Item, Outcome: OutcomeRetry, RetryDelay: time.Second},
-	})
+	}, 100)
 	if err != nil || errs[0] != nil || errs[1] != nil {
 		t.Fatalf("%v %v", errs, err)
 	}
 	if got := f.claim(b, f.now); got.Verdict != verdictClaimed {
 		t.Fatalf("b after a freed the slot: %v", got.Verdict)
 	}
-	errs, _, err = recordOutcomes(context.Background(), f.pool, &f.now, []record{{Item: stale, Outcome: OutcomeAccepted}})
+	errs, _, err = recordOutcomes(context.Background(), f.pool, &f.now, []record{{Item: stale, Outcome: OutcomeAccepted}}, 100)
 	if err != nil || !errors.Is(errs[0], outbox.ErrStaleLease) {
 		t.Fatalf("stale in batch: %v %v", errs, err)
 	}
@@ -331,7 +331,7 @@ func TestClaimGroup(t *testing.T) {
 	errs, _, err := recordOutcomes(context.Background(), f.pool, &f.now, []record{
 		{Item: rs[0].Item, Outcome: OutcomeAccepted},
 		{Item: rs[1].Item, Outcome: OutcomeAccepted},
-	})
+	}, 100)
 	if err != nil || errs[0] != nil || errs[1] != nil {
 		t.Fatalf("%v %v", errs, err)
 	}
@@ -367,7 +367,7 @@ func TestHandOff(t *testing.T) {
 	if ok, err := handOff(ctx, f.pool, &f.now, want, []outbox.Message{msg(c)}, 1); err != nil || ok {
 		t.Fatalf("a full list must refuse: %v %v", ok, err)
 	}
-	errs, handed, err := recordOutcomes(ctx, f.pool, &f.now, []record{{Item: ra.Item, Outcome: OutcomeAccepted}})
+	errs, handed, err := recordOutcomes(ctx, f.pool, &f.now, []record{{Item: ra.Item, Outcome: OutcomeAccepted}}, 100)
 	if err != nil || errs[0] != nil {
 		t.Fatal(err, errs)
 	}
@@ -394,13 +394,45 @@ func TestHandOff(t *testing.T) {
 	if rc.Verdict != verdictClaimed {
 		t.Fatal(rc.Verdict)
 	}
-	_, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rc.Item, Outcome: OutcomeAccepted}})
+	_, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rc.Item, Outcome: OutcomeAccepted}}, 100)
 	if err != nil || len(handed[0]) != 1 || handed[0][0] != msg(c) {
 		t.Fatalf("inherited list: %+v %v", handed, err)
 	}
+	// A release takes at most `take` messages, oldest first; the rest wait
+	// for the next release.
+	d1, d2 := f.stage("event:d1"), f.stage("event:d2")
+	rd1 := f.claim(d1, late)
+	if rd1.Verdict != verdictClaimed {
+		t.Fatal(rd1.Verdict)
+	}
+	if ok, err := handOff(ctx, f.pool, &late, want, []outbox.Message{msg(d2), msg(a)}, 10); err != nil || !ok {
+		t.Fatalf("hand-off: %v %v", ok, err)
+	}
+	_, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rd1.Item, Outcome: OutcomeAccepted}}, 1)
+	if err != nil || len(handed[0]) != 1 || handed[0][0] != msg(d2) {
+		t.Fatalf("bounded take: %+v %v", handed, err)
+	}
+	var left int
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM delivery_slot_waiting`).Scan(&left); err != nil || left != 1 {
+		t.Fatalf("left waiting: %d %v", left, err)
+	}
+
+	// Requeue: a handed item this process will not claim gets a new
+	// dispatch (the relay publishes it); one whose dispatch moved on, or
+	// that is terminal, is left alone.
+	if n, err := requeue(ctx, f.pool, []outbox.Message{msg(d2), msg(d1)}); err != nil || n != 1 {
+		t.Fatalf("requeue: %d %v", n, err)
+	}
+	if got := f.get(d2.ID); got.Dispatch != d2.Dispatch+1 || got.State != outbox.StatePending {
+		t.Fatalf("requeued: %+v", got)
+	}
+	if n, err := requeue(ctx, f.pool, []outbox.Message{msg(d2)}); err != nil || n != 0 {
+		t.Fatalf("stale requeue: %d %v", n, err)
+	}
+
 	// The slow holder's late write (its own lease was not taken over) still
 	// lands, but the slot is no longer its own: it takes nothing.
-	errs, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rb.Item, Outcome: OutcomeAccepted}})
+	errs, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rb.Item, Outcome: OutcomeAccepted}}, 100)
 	if err != nil || errs[0] != nil || len(handed[0]) != 0 {
 		t.Fatalf("slow holder: %v %+v %v", errs, handed, err)
 	}

@@ -27,6 +27,7 @@
 
 -- +goose Up
 CREATE UNLOGGED TABLE delivery_slot_waiting (
+    seq                 bigint GENERATED ALWAYS AS IDENTITY, -- hand-off order
     destination_account text NOT NULL,
     stripe_customer     text NOT NULL,
     meter_id            text NOT NULL,
@@ -35,22 +36,28 @@ CREATE UNLOGGED TABLE delivery_slot_waiting (
 );
 CREATE INDEX delivery_slot_waiting_slot_idx ON delivery_slot_waiting (destination_account, stripe_customer, meter_id);
 
--- Deletes and returns the messages left for a slot. VOLATILE on purpose:
--- called by the outcome write after it locked the slot, it reads with a
--- fresh snapshot and so sees a hand-off that committed while the write
--- waited for that lock (the statement's own snapshot predates it).
+-- Deletes and returns up to lim of the messages left for a slot, oldest
+-- first (a holder claims them as one group, and a group is bounded). VOLATILE
+-- on purpose: called by the outcome write after it locked the slot, it reads
+-- with a fresh snapshot and so sees a hand-off that committed while the
+-- write waited for that lock (the statement's own snapshot predates it).
 -- +goose StatementBegin
-CREATE FUNCTION aurora_take_waiting(acct text, cust text, meter text) RETURNS bytea[]
+CREATE FUNCTION aurora_take_waiting(acct text, cust text, meter text, lim integer) RETURNS bytea[]
 LANGUAGE sql VOLATILE AS $$
     WITH taken AS (
         DELETE FROM delivery_slot_waiting
-        WHERE destination_account = acct AND stripe_customer = cust AND meter_id = meter
-        RETURNING message
+        WHERE ctid IN (
+            SELECT ctid FROM delivery_slot_waiting
+            WHERE destination_account = acct AND stripe_customer = cust AND meter_id = meter
+            ORDER BY seq
+            LIMIT lim
+        )
+        RETURNING message, seq
     )
-    SELECT coalesce(array_agg(message), '{}') FROM taken
+    SELECT coalesce(array_agg(message ORDER BY seq), '{}') FROM taken
 $$;
 -- +goose StatementEnd
 
 -- +goose Down
-DROP FUNCTION aurora_take_waiting(text, text, text);
+DROP FUNCTION aurora_take_waiting(text, text, text, integer);
 DROP TABLE delivery_slot_waiting;
