@@ -463,7 +463,7 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 		}
 		ps := make([]claimParams, len(todo))
 		for i, g := range todo {
-			ps[i] = claimParams{ItemID: g.m.ItemID, Dispatch: g.m.Dispatch, Key: g.m.Key, Group: group}
+			ps[i] = claimParams{ItemID: g.m.ItemID, Dispatch: g.m.Dispatch, Key: g.m.Key, Group: group, Handed: g.msg == nil}
 		}
 		crs, err := d.claim(ctx, ps)
 		if err != nil {

@@ -120,14 +120,14 @@ type slotKey struct{ Account, Customer, Meter string }
 //     the new lease's attempt row is written with its outcome (recordSQL).
 const claimSQL = `
 WITH clk AS (SELECT coalesce($1::timestamptz, now()) AS now),
-req AS (SELECT * FROM unnest($2::bigint[], $3::int[], $4::text[], $7::bigint[]) AS r(id, dispatch, key, grp)),
+req AS (SELECT * FROM unnest($2::bigint[], $3::int[], $4::text[], $7::bigint[], $8::bool[]) AS r(id, dispatch, key, grp, handed)),
 cand AS MATERIALIZED (
     -- One primary-key lookup per requested id (LATERAL): with stale
     -- statistics the planner otherwise answered the state predicate with a
     -- bitmap scan of the partial due/expiry indexes, reading every due row
     -- of the table for each batch (measured: 23 M index tuples read to
     -- deliver 19 k items).
-    SELECT c.id, r.grp, c.tenant, c.destination_account, c.feature, c.lease_token,
+    SELECT c.id, r.grp, r.handed, c.tenant, c.destination_account, c.feature, c.lease_token,
            c.state AS prev_state, c.attempts AS prev_attempts, c.leased_at AS prev_leased_at,
            c.dispatch AS prev_dispatch, c.exporter AS prev_exporter, c.idempotency_key AS prev_key,
            c.next_attempt_at AS prev_next_attempt_at, c.lease_expires_at AS prev_lease_expires_at
@@ -217,7 +217,11 @@ upd AS (
         attempts = o.attempts + 1,
         first_attempt_at = coalesce(o.first_attempt_at, clk.now),
         lease_expires_at = clk.now + $6::interval,
-        leased_at = clk.now
+        leased_at = clk.now,
+        -- A handed-off item has no JetStream message: a new, unpublished
+        -- dispatch lets the relay publish it as soon as this lease expires
+        -- if this process dies (as a redelivered message would).
+        dispatch = CASE WHEN c.handed THEN o.dispatch + 1 ELSE o.dispatch END
     FROM cand c JOIN ctx x ON x.id = c.id CROSS JOIN clk
     WHERE o.id = c.id
       AND (x.stripe_customer IS NULL OR x.meter_id IS NULL OR EXISTS (
@@ -263,6 +267,9 @@ type claimParams struct {
 	// Group: requests of one group may share a delivery slot (handleGroup
 	// sends them one at a time). 0 = a group of its own.
 	Group int64
+	// Handed: the item was handed to this process (handOff) and has no
+	// JetStream message; its claim also gives it a new, unpublished dispatch.
+	Handed bool
 }
 
 // claimItem claims one item (a batch of one).
@@ -282,13 +289,14 @@ func claimItems(ctx context.Context, db DB, now *time.Time, exporter string, lea
 	dispatches := make([]int32, len(ps))
 	keys := make([]string, len(ps))
 	groups := make([]int64, len(ps))
+	handed := make([]bool, len(ps))
 	for i, p := range ps {
-		ids[i], dispatches[i], keys[i], groups[i] = p.ItemID, p.Dispatch, p.Key, p.Group
+		ids[i], dispatches[i], keys[i], groups[i], handed[i] = p.ItemID, p.Dispatch, p.Key, p.Group, p.Handed
 		if p.Group == 0 {
 			groups[i] = -p.ItemID // a group of its own; handleGroup's groups are > 0
 		}
 	}
-	rows, err := db.Query(ctx, claimSQL, now, ids, dispatches, keys, exporter, lease, groups)
+	rows, err := db.Query(ctx, claimSQL, now, ids, dispatches, keys, exporter, lease, groups, handed)
 	if err != nil {
 		return nil, fmt.Errorf("deliverer: claim %d items: %w", len(ps), err)
 	}

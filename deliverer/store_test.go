@@ -430,6 +430,23 @@ func TestHandOff(t *testing.T) {
 		t.Fatalf("stale requeue: %d %v", n, err)
 	}
 
+	// Claiming a handed item (no JetStream message) gives it a new,
+	// unpublished dispatch: if this process dies, the relay publishes it as
+	// soon as the lease expires.
+	e := f.stage("event:e")
+	f.exec(`UPDATE outbox_items SET published_dispatch = dispatch WHERE id = $1`, e.ID)
+	re, err := claimItem(ctx, f.pool, claimParams{Now: &late, ItemID: e.ID, Dispatch: e.Dispatch, Exporter: e.Exporter,
+		Key: e.IdempotencyKey, Lease: time.Minute, Handed: true})
+	if err != nil || re.Verdict != verdictClaimed {
+		t.Fatalf("claim handed: %v %v", re.Verdict, err)
+	}
+	if got := f.get(e.ID); got.Dispatch != e.Dispatch+1 || got.PublishedDispatch != e.Dispatch || got.State != outbox.StateLeased {
+		t.Fatalf("handed claim: %+v", got)
+	}
+	if _, _, err := recordOutcomes(ctx, f.pool, &late, []record{{Item: re.Item, Outcome: OutcomeAccepted}}, 0); err != nil {
+		t.Fatal(err)
+	}
+
 	// The slow holder's late write (its own lease was not taken over) still
 	// lands, but the slot is no longer its own: it takes nothing.
 	errs, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rb.Item, Outcome: OutcomeAccepted}}, 100)
