@@ -534,6 +534,7 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 				d.m.errors.WithLabelValues("hand_off").Inc()
 				d.log.Warn("deliverer: hand-off failed", "items", len(ls), "err", err)
 			}
+			var requeue []outbox.Message
 			for _, l := range ls {
 				switch {
 				case ok:
@@ -542,10 +543,13 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 				case wait < slotWaitLimit && ctx.Err() == nil:
 					// The slot was freed meanwhile, or its list is full.
 					again = append(again, l.g)
+				case l.g.msg == nil:
+					requeue = append(requeue, l.g.m) // one statement for the lot
 				default:
 					d.settle(l.g, l.cr)
 				}
 			}
+			d.requeueHanded(requeue, verdictSlotBusy.String())
 		}
 		var handed []outbox.Message
 		if len(won) > 0 {
