@@ -2,6 +2,7 @@ package deliverer
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -106,7 +107,8 @@ func (c *Config) Validate() error {
 		config.IntRange("DELIVERER_CONCURRENCY", c.Concurrency, 1, 4096, "calls"),
 		consumer, filter,
 		config.IntRange("DELIVERER_ACK_WAIT_SECONDS", c.AckWaitSeconds, 5, 3600, "seconds"),
-		config.IntRange("STRIPE_TIMEOUT_SECONDS", c.ProviderTimeoutSeconds, 1, timeoutMax, "seconds, below AURORA_OUTBOX_LEASE_SECONDS"),
+		config.IntRange("STRIPE_TIMEOUT_SECONDS", c.ProviderTimeoutSeconds, 1, timeoutMax,
+			fmt.Sprintf("seconds, below AURORA_OUTBOX_LEASE_SECONDS=%d: lower this or raise the lease", c.LeaseSeconds)),
 		config.IntRange("DELIVERER_BUSY_DELAY_MS", c.BusyDelayMillis, 10, 60000, "milliseconds"),
 		config.IntRange("DELIVERER_SHUTDOWN_SECONDS", c.ShutdownSeconds, 1, 600, "seconds"),
 	)
