@@ -566,14 +566,19 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 			// claimed next, as one group, after a millisecond. An item can be
 			// listed twice (handed on, swept to a new dispatch, handed again):
 			// the highest dispatch is the live one. A copy already queued
-			// here (a JetStream message) is kept instead.
-			queued := make(map[int64]bool, len(todo))
+			// here is kept instead, unless the handed one is newer: that one
+			// is requeued (the queued copy will find its dispatch stale).
+			queued := make(map[int64]int32, len(todo))
 			for _, g := range todo {
-				queued[g.m.ItemID] = true
+				queued[g.m.ItemID] = g.m.Dispatch
 			}
 			latest := make(map[int64]int, len(handed)) // item → index in todo
+			var newer []outbox.Message
 			for _, m := range handed {
-				if queued[m.ItemID] {
+				if dispatch, ok := queued[m.ItemID]; ok {
+					if m.Dispatch > dispatch {
+						newer = append(newer, m)
+					}
 					continue
 				}
 				if i, ok := latest[m.ItemID]; ok {
@@ -585,6 +590,7 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 				latest[m.ItemID] = len(todo)
 				todo = append(todo, groupMsg{m: m})
 			}
+			d.requeueHanded(newer, "newer_copy")
 			wait, slotOnly = 0, false
 		}
 	}
