@@ -416,6 +416,12 @@ func (g groupMsg) nakWithDelay(delay time.Duration) bool {
 	return true
 }
 
+// loser is an item whose claim found its delivery slot held by another lease.
+type loser struct {
+	g  groupMsg
+	cr claimResult
+}
+
 // handOffLimit bounds a delivery slot's waiting list: past it, a loser
 // falls back to claiming again and handing its messages back to JetStream.
 const handOffLimit = 1000
@@ -423,13 +429,15 @@ const handOffLimit = 1000
 // handleGroup handles a lane's group of messages (or one message): decode;
 // claim every item in one statement (the group shares its delivery slot);
 // pre-send checks and provider calls one at a time, in order; the outcomes
-// in one fenced statement; then each message is settled. A row the relay
-// still holds (its PubAck mark commits within milliseconds) or a slot held
-// by another process's call is usually free again very soon: such items are
-// claimed again after 1, 2, 4, 8 and 16 ms (busy slots only: see
-// nextWait and slotWaitLimit), after the rest of the group has been recorded (which
-// frees the group's slot), before their message goes back to JetStream for
-// the busy delay. progress is called after every provider call.
+// in one fenced statement; then each message is settled. Items whose slot
+// another lease holds are handed to that holder (handOffLosers). A row the
+// relay still holds (its PubAck mark commits within milliseconds), or a slot
+// that refused the hand-off, is usually free again very soon: such items are
+// claimed again after 1, 2, 4, 8 and 16 ms (4, 16, 64 ms for busy slots: see
+// nextWait and slotWaitLimit), after the rest of the group has been recorded
+// (which frees the group's slot), before their message goes back to
+// JetStream for the busy delay. Items handed to this group's slot are
+// claimed next (mergeHanded). progress is called after every provider call.
 func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progress func()) {
 	stopBeat := d.heartbeat(msgs)
 	defer stopBeat()
@@ -481,10 +489,6 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 		var won []groupMsg
 		var wonCR []claimResult
 		var again []groupMsg
-		type loser struct {
-			g  groupMsg
-			cr claimResult
-		}
 		busy := map[slotKey][]loser{}
 		var slots []slotKey // in first-seen order
 		slotOnly = true
@@ -520,37 +524,7 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 				d.settle(g, cr)
 			}
 		}
-		// A slot another lease holds: give its items to the holder, which
-		// claims them when its outcome write frees the slot (migration
-		// 00015), instead of claiming them again here while it works.
-		for _, slot := range slots {
-			ls := busy[slot]
-			ms := make([]outbox.Message, len(ls))
-			for i, l := range ls {
-				ms[i] = l.g.m
-			}
-			ok, err := handOff(ctx, d.db, d.clock.Override(), slot, ms, handOffLimit)
-			if err != nil {
-				d.m.errors.WithLabelValues("hand_off").Inc()
-				d.log.Warn("deliverer: hand-off failed", "items", len(ls), "err", err)
-			}
-			var requeue []outbox.Message
-			for _, l := range ls {
-				switch {
-				case ok:
-					d.m.skips.WithLabelValues("handed_off").Inc()
-					l.g.ack()
-				case wait < slotWaitLimit && ctx.Err() == nil:
-					// The slot was freed meanwhile, or its list is full.
-					again = append(again, l.g)
-				case l.g.msg == nil:
-					requeue = append(requeue, l.g.m) // one statement for the lot
-				default:
-					d.settle(l.g, l.cr)
-				}
-			}
-			d.requeueHanded(requeue, verdictSlotBusy.String())
-		}
+		again = append(again, d.handOffLosers(ctx, slots, busy, wait)...)
 		var handed []outbox.Message
 		if len(won) > 0 {
 			handed = d.attempt(ctx, won, wonCR, progress)
@@ -563,37 +537,82 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg, progr
 		}
 		if len(handed) > 0 {
 			// Items other processes gave to the slot this group just freed:
-			// claimed next, as one group, after a millisecond. An item can be
-			// listed twice (handed on, swept to a new dispatch, handed again):
-			// the highest dispatch is the live one. A copy already queued
-			// here is kept instead, unless the handed one is newer: that one
-			// is requeued (the queued copy will find its dispatch stale).
-			queued := make(map[int64]int32, len(todo))
-			for _, g := range todo {
-				queued[g.m.ItemID] = g.m.Dispatch
-			}
-			latest := make(map[int64]int, len(handed)) // item → index in todo
+			// claimed next, as one group, after a millisecond.
 			var newer []outbox.Message
-			for _, m := range handed {
-				if dispatch, ok := queued[m.ItemID]; ok {
-					if m.Dispatch > dispatch {
-						newer = append(newer, m)
-					}
-					continue
-				}
-				if i, ok := latest[m.ItemID]; ok {
-					if m.Dispatch > todo[i].m.Dispatch {
-						todo[i].m = m
-					}
-					continue
-				}
-				latest[m.ItemID] = len(todo)
-				todo = append(todo, groupMsg{m: m})
-			}
+			todo, newer = mergeHanded(todo, handed)
 			d.requeueHanded(newer, "newer_copy")
 			wait, slotOnly = 0, false
 		}
 	}
+}
+
+// handOffLosers gives the items whose delivery slot another lease holds
+// (busy, by slot in first-seen order) to that holder, which claims them
+// when its outcome write frees the slot (migration 00015), instead of
+// claiming them again here while it works. It acks the handed messages and
+// returns the items to claim again (the slot was freed meanwhile, or its
+// list is full) while wait is below slotWaitLimit; past it, messages go back
+// to JetStream and handed-off items are requeued.
+func (d *Deliverer) handOffLosers(ctx context.Context, slots []slotKey, busy map[slotKey][]loser, wait time.Duration) (again []groupMsg) {
+	for _, slot := range slots {
+		ls := busy[slot]
+		ms := make([]outbox.Message, len(ls))
+		for i, l := range ls {
+			ms[i] = l.g.m
+		}
+		ok, err := handOff(ctx, d.db, d.clock.Override(), slot, ms, handOffLimit)
+		if err != nil {
+			d.m.errors.WithLabelValues("hand_off").Inc()
+			d.log.Warn("deliverer: hand-off failed", "items", len(ls), "err", err)
+		}
+		var requeue []outbox.Message
+		for _, l := range ls {
+			switch {
+			case ok:
+				d.m.skips.WithLabelValues("handed_off").Inc()
+				l.g.ack()
+			case wait < slotWaitLimit && ctx.Err() == nil:
+				again = append(again, l.g)
+			case l.g.msg == nil:
+				requeue = append(requeue, l.g.m) // one statement for the lot
+			default:
+				d.settle(l.g, l.cr)
+			}
+		}
+		d.requeueHanded(requeue, verdictSlotBusy.String())
+	}
+	return again
+}
+
+// mergeHanded adds the handed-off messages a freed slot returned to todo,
+// as message-less items. An item can be listed twice (handed on, swept to a
+// new dispatch, handed again): the highest dispatch is the live one. A copy
+// already in todo is kept, unless the handed one is newer: that one is
+// returned in newer, to be requeued (the queued copy will find its dispatch
+// stale).
+func mergeHanded(todo []groupMsg, handed []outbox.Message) (_ []groupMsg, newer []outbox.Message) {
+	queued := make(map[int64]int32, len(todo))
+	for _, g := range todo {
+		queued[g.m.ItemID] = g.m.Dispatch
+	}
+	latest := make(map[int64]int, len(handed)) // item → index in todo
+	for _, m := range handed {
+		if dispatch, ok := queued[m.ItemID]; ok {
+			if m.Dispatch > dispatch {
+				newer = append(newer, m)
+			}
+			continue
+		}
+		if i, ok := latest[m.ItemID]; ok {
+			if m.Dispatch > todo[i].m.Dispatch {
+				todo[i].m = m
+			}
+			continue
+		}
+		latest[m.ItemID] = len(todo)
+		todo = append(todo, groupMsg{m: m})
+	}
+	return todo, newer
 }
 
 // settle hands back or acknowledges the message of an item that was not

@@ -2,6 +2,7 @@ package deliverer
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -163,5 +164,25 @@ func TestSanitize(t *testing.T) {
 	}
 	if got := sanitize(Result{Outcome: OutcomeQuarantined, Reason: outbox.ReasonCustomerMissing}); got.Outcome != OutcomeQuarantined {
 		t.Error(got)
+	}
+}
+
+// TestMergeHanded: handed items join the group once each, at their highest
+// dispatch; a copy already queued is kept, and a newer handed copy of it is
+// returned for requeueing.
+func TestMergeHanded(t *testing.T) {
+	t.Parallel()
+	msg := func(id int64, dispatch int32) outbox.Message { return outbox.Message{ItemID: id, Dispatch: dispatch} }
+	todo := []groupMsg{{m: msg(1, 1)}, {m: msg(2, 3)}}
+	got, newer := mergeHanded(todo, []outbox.Message{msg(3, 1), msg(3, 2), msg(1, 2), msg(2, 1), msg(4, 1)})
+	var ids []string
+	for _, g := range got {
+		ids = append(ids, fmt.Sprintf("%d@%d", g.m.ItemID, g.m.Dispatch))
+	}
+	if strings.Join(ids, ",") != "1@1,2@3,3@2,4@1" {
+		t.Fatalf("todo %v", ids)
+	}
+	if len(newer) != 1 || newer[0] != msg(1, 2) {
+		t.Fatalf("newer %v", newer)
 	}
 }
