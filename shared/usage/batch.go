@@ -112,10 +112,10 @@ func (g Gate) RecordBatch(ctx context.Context, tx pgx.Tx, events []Event) (creat
 	// One statement stores the new usage events, already linked to the item
 	// staged for each of them (only for them: an event recorded before keeps
 	// its item). The items' ids come from the identity sequence first, so no
-	// second write links them (migration 00013). The link is checked at
-	// commit: an item insert that finds its identity taken (an item staged by
-	// hand) leaves its event pointing at an id that was never used, repaired
-	// below before the commit.
+	// second write links them (migration 00013). The link is checked at the
+	// end of the batch (deferred, then set back to immediate below): an item
+	// insert that finds its identity taken (an item staged by hand) leaves
+	// its event pointing at an id that was never used, repaired before then.
 	if _, err := tx.Exec(ctx, `SET CONSTRAINTS usage_events_item_id_fkey DEFERRED`); err != nil {
 		return 0, fmt.Errorf("usage: record batch: %w", err)
 	}
@@ -190,8 +190,8 @@ func (g Gate) RecordBatch(ctx context.Context, tx pgx.Tx, events []Event) (creat
 			if err != nil {
 				return 0, err
 			}
-			if _, err := tx.Exec(ctx, `UPDATE usage_events SET item_id = $3 WHERE tenant = $1 AND event_id = $2`, ev.Tenant, ev.EventID, row.ID); err != nil {
-				return 0, fmt.Errorf("usage: record batch: link item: %w", err)
+			if err := linkItem(ctx, tx, ev, row.ID); err != nil {
+				return 0, fmt.Errorf("usage: record batch: %w", err)
 			}
 			created++
 		default:

@@ -185,10 +185,18 @@ func (r Recorder) Record(ctx context.Context, tx pgx.Tx, ev Event, opts ...outbo
 	if err != nil {
 		return outbox.Row{}, false, err
 	}
-	if _, err := tx.Exec(ctx, `UPDATE usage_events SET item_id = $3 WHERE tenant = $1 AND event_id = $2`, ev.Tenant, ev.EventID, row.ID); err != nil {
-		return outbox.Row{}, false, fmt.Errorf("usage: record: link item: %w", err)
+	if err := linkItem(ctx, tx, ev, row.ID); err != nil {
+		return outbox.Row{}, false, fmt.Errorf("usage: record: %w", err)
 	}
 	return row, true, nil
+}
+
+// linkItem records in tx that the usage event ev is billed by item itemID.
+func linkItem(ctx context.Context, tx pgx.Tx, ev Event, itemID int64) error {
+	if _, err := tx.Exec(ctx, `UPDATE usage_events SET item_id = $3 WHERE tenant = $1 AND event_id = $2`, ev.Tenant, ev.EventID, itemID); err != nil {
+		return fmt.Errorf("link item: %w", err)
+	}
+	return nil
 }
 
 // Increment adds n (≥ 0) to the buffered counter of (tenant, feature, the
