@@ -105,8 +105,12 @@ func Rules() []Rule {
 }
 
 // Classify returns the first rule of Rules that matches a.
-func Classify(a Answer) Rule {
-	for _, r := range Rules() {
+func Classify(a Answer) Rule { return classify(Rules(), a) }
+
+// classify returns the first rule of rules that matches a (an Exporter
+// builds Rules once and classifies every answer against its copy).
+func classify(rules []Rule, a Answer) Rule {
+	for _, r := range rules {
 		if r.Match(a) {
 			return r
 		}

@@ -70,6 +70,7 @@ func (c Config) Validate() error {
 type Exporter struct {
 	client meterevent.Client
 	mode   identity.Mode
+	rules  []Rule // Rules, built once
 }
 
 var _ deliverer.Exporter = (*Exporter)(nil)
@@ -92,7 +93,7 @@ func New(cfg Config, timeout time.Duration, maxConns int) (*Exporter, error) {
 		HTTPClient:        &http.Client{Timeout: timeout, Transport: observer{next: tr}},
 		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
 	})
-	return &Exporter{client: meterevent.Client{B: backend, Key: cfg.APIKey}, mode: KeyMode(cfg.APIKey)}, nil
+	return &Exporter{client: meterevent.Client{B: backend, Key: cfg.APIKey}, mode: KeyMode(cfg.APIKey), rules: Rules()}, nil
 }
 
 // Name returns outbox.DefaultExporter.
@@ -126,7 +127,11 @@ func (e *Exporter) Export(ctx context.Context, r deliverer.Request) deliverer.Re
 	if err == nil && ev != nil && ev.LastResponse != nil && a.RequestID == "" {
 		a.RequestID = ev.LastResponse.RequestID
 	}
-	rule := Classify(a)
+	rules := e.rules
+	if rules == nil { // an Exporter not made by New
+		rules = Rules()
+	}
+	rule := classify(rules, a)
 	res := deliverer.Result{
 		Outcome: rule.Outcome, Reason: rule.Reason, Rule: rule.Name,
 		HTTPStatus: a.Status, RequestID: a.RequestID, ErrorCode: a.Code, Message: a.Message,
