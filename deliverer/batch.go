@@ -172,7 +172,7 @@ func (d *Deliverer) writeRecords(batch []recordCall) {
 		rs = append(rs, c.rs...)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	errs, handed, err := recordOutcomes(ctx, d.db, d.clock.Override(), rs, d.s.batch)
+	errs, handed, err := recordOutcomes(ctx, d.db, d.clock.Override(), rs, d.s.batch, d.s.lease)
 	cancel()
 	off := 0
 	for _, c := range batch {

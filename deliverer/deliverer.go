@@ -296,19 +296,20 @@ func (d *Deliverer) isStopping() bool {
 	return d.stopping
 }
 
-// requeueHanded gives items handed to this process (no JetStream message)
-// that it will not claim a new dispatch, so the relay publishes them at once
-// (requeue). If that fails too they wait for the relay's re-dispatch sweep.
+// requeueHanded makes items handed to this process (no JetStream message)
+// that it will not claim due now, so the relay publishes their new dispatch
+// at once (requeue). If that fails, the relay publishes them when they fall
+// due, one lease after the take.
 func (d *Deliverer) requeueHanded(ms []outbox.Message, why string) {
 	if len(ms) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := requeue(ctx, d.db, ms); err != nil {
+	if _, err := requeue(ctx, d.db, d.clock.Override(), ms); err != nil {
 		d.m.errors.WithLabelValues("requeue").Inc()
 		d.m.skips.WithLabelValues("handoff_unclaimed").Add(float64(len(ms)))
-		d.log.Error("deliverer: handed-off items not requeued; left to the re-dispatch sweep", "items", len(ms), "why", why, "err", err)
+		d.log.Error("deliverer: handed-off items not requeued; the relay publishes them one lease after the take", "items", len(ms), "why", why, "err", err)
 		return
 	}
 	d.m.skips.WithLabelValues("handoff_requeued").Add(float64(len(ms)))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/aurora-billing/aurora/deliverer"
 	"github.com/aurora-billing/aurora/deliverer/stripeexport"
+	"github.com/aurora-billing/aurora/relay"
 	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/aurora-billing/aurora/stripeemulator"
@@ -334,6 +335,81 @@ func skipped(reg *prometheus.Registry, why string) float64 {
 		}
 	}
 	return 0
+}
+
+// TestTakenItemsPublishedWhenTakerDies: a slot's holder takes the items
+// other replicas handed to it (its outcome write committed) and dies before
+// claiming them. The take gave each a new dispatch, unpublished and due one
+// lease later (migration 00017), so the relay publishes them once that lease
+// has passed on the database clock — not after the re-dispatch sweep's
+// interval — and a deliverer delivers each once.
+func TestTakenItemsPublishedWhenTakerDies(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stripeemulator.Faults{})
+	now := h.clk.Now()
+	x := h.stage(h.item("org_1", "event:taker", 1))
+	h.exec(`UPDATE outbox_items SET state = 'leased', lease_token = 1, attempts = 1, first_attempt_at = $2::timestamptz,
+		lease_expires_at = $2::timestamptz + interval '60 seconds', leased_at = $2::timestamptz WHERE id = $1`, x.ID, now)
+	h.exec(`INSERT INTO delivery_slots (destination_account, stripe_customer, meter_id, item_id, lease_token, expires_at)
+		VALUES ($1, $2, $3, $4, 1, $5::timestamptz + interval '60 seconds')`, acct, customer, h.meter.ID, x.ID, now)
+	cfg := testConfig()
+	r := h.start(cfg)
+	var ys []outbox.Row
+	for i := range 3 {
+		row := h.stage(h.item("org_1", fmt.Sprintf("event:taken%d", i), 1))
+		ys = append(ys, row)
+		h.publish(row.ID)
+		// as the relay records it: without a new dispatch, only the
+		// re-dispatch sweep would publish this item again
+		h.exec(`UPDATE outbox_items SET published_dispatch = dispatch, published_at = $2::timestamptz WHERE id = $1`, row.ID, now)
+	}
+	h.await("three items handed to the holder's slot", func() bool {
+		return skipped(r.reg, "handed_off") == 3 && h.pending() == 0
+	})
+	// The holder's outcome write takes them (as recordSQL does, on the
+	// same clock), then the holder dies: nobody claims them.
+	lease := time.Duration(cfg.LeaseSeconds) * time.Second
+	var taken [][]byte
+	if err := h.pool.QueryRow(context.Background(), `SELECT aurora_take_handed($1, $2, $3, 100, $4::interval, $5::timestamptz)`,
+		acct, customer, h.meter.ID, lease, now).Scan(&taken); err != nil || len(taken) != 3 {
+		t.Fatalf("take: %d %v", len(taken), err)
+	}
+	for _, y := range ys {
+		got := h.get(y.ID)
+		if got.State != outbox.StatePending || got.Dispatch != y.Dispatch+1 || got.PublishedDispatch != y.Dispatch ||
+			!got.NextAttemptAt.Equal(now.Add(lease)) {
+			t.Fatalf("taken item %d: %s dispatch %d published %d due %s", y.ID, got.State, got.Dispatch, got.PublishedDispatch, got.NextAttemptAt)
+		}
+	}
+	rc := relay.DefaultConfig()
+	rc.PollMS = 20
+	rl, err := relay.New(h.pool, h.js, rc, relay.WithClock(h.clk), relay.WithLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rl.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	time.Sleep(100 * time.Millisecond) // a few relay polls: nothing is due yet
+	for _, y := range ys {
+		if got := h.get(y.ID); got.PublishedDispatch != y.Dispatch || got.State != outbox.StatePending {
+			t.Fatalf("item %d published before it was due: %+v", y.ID, got)
+		}
+	}
+	// One lease on: the taken items are due, and the dead holder's lease
+	// and slot have expired (the relay publishes its item again too).
+	h.clk.Set(now.Add(lease + time.Second))
+	for _, y := range ys {
+		h.awaitState(y.ID, outbox.StateAccepted)
+		if as := h.attempts(y.ID); len(as) != 1 {
+			t.Errorf("item %d: attempts %v", y.ID, outcomes(as))
+		}
+	}
+	h.awaitState(x.ID, outbox.StateAccepted)
+	if len(h.emu.Applied()) != 4 || len(h.emu.DuplicateApplications()) != 0 || h.emu.Overlaps() != 0 {
+		t.Fatalf("applied %d, duplicates %d, overlaps %d", len(h.emu.Applied()), len(h.emu.DuplicateApplications()), h.emu.Overlaps())
+	}
 }
 
 // TestHandOffInheritedAfterHolderDies: the slot's holder died mid-call (its

@@ -45,8 +45,8 @@ func TestPipelineWithRelay(t *testing.T) {
 		rows = append(rows, h.stage(it))
 	}
 	// The retry is recorded: pending again after an attempt (its dispatch
-	// moved on; by one, or by two when the first claim was of a handed-off
-	// item, which takes a new dispatch too).
+	// moved on; by one, or by two when it was handed off and taken, which
+	// gives it a new dispatch too).
 	h.await("retry of item 4", func() bool {
 		r := h.get(rows[4].ID)
 		return r.State == outbox.StatePending && r.Attempts >= 1

@@ -101,8 +101,9 @@ type slotKey struct{ Account, Customer, Meter string }
 //   - req is the batch: (id, dispatch, key, group) per message, ids unique;
 //     a group is a lane's messages handled together (handleGroup);
 //   - cand locks the claimable ones with FOR UPDATE SKIP LOCKED: the
-//     message's dispatch, exporter and key, and pending-and-due or
-//     leased-with-expired-lease, by the clock $1;
+//     message's dispatch, exporter and key, and pending-and-due (or pending
+//     and handed: see claimParams.Handed) or leased-with-expired-lease, by
+//     the clock $1;
 //   - peek is each row as it was, for the verdict (cand's copy of the rows
 //     it locked, one lookup for the others);
 //   - ctx reads each one's account, customer, mapping and cutover watermark;
@@ -137,7 +138,7 @@ cand AS MATERIALIZED (
                i.dispatch, i.exporter, i.idempotency_key, i.next_attempt_at, i.lease_expires_at
         FROM outbox_items i
         WHERE i.id = r.id AND i.dispatch = r.dispatch AND i.exporter = $5 AND i.idempotency_key = r.key
-          AND ((i.state = 'pending' AND i.next_attempt_at <= clk.now)
+          AND ((i.state = 'pending' AND (i.next_attempt_at <= clk.now OR r.handed))
             OR (i.state = 'leased' AND i.lease_expires_at < clk.now))
         FOR UPDATE OF i SKIP LOCKED
     ) c
@@ -217,11 +218,7 @@ upd AS (
         attempts = o.attempts + 1,
         first_attempt_at = coalesce(o.first_attempt_at, clk.now),
         lease_expires_at = clk.now + $6::interval,
-        leased_at = clk.now,
-        -- A handed-off item has no JetStream message: a new, unpublished
-        -- dispatch lets the relay publish it as soon as this lease expires
-        -- if this process dies (as a redelivered message would).
-        dispatch = CASE WHEN c.handed THEN o.dispatch + 1 ELSE o.dispatch END
+        leased_at = clk.now
     FROM cand c JOIN ctx x ON x.id = c.id CROSS JOIN clk
     WHERE o.id = c.id
       AND (x.stripe_customer IS NULL OR x.meter_id IS NULL OR EXISTS (
@@ -267,8 +264,10 @@ type claimParams struct {
 	// Group: requests of one group may share a delivery slot (handleGroup
 	// sends them one at a time). 0 = a group of its own.
 	Group int64
-	// Handed: the item was handed to this process (handOff) and has no
-	// JetStream message; its claim also gives it a new, unpublished dispatch.
+	// Handed: the item was handed to this process (handOff) and taken by
+	// its outcome write, which gave it the new dispatch Dispatch, unpublished
+	// and due one lease later (aurora_take_handed, migration 00017). It has no
+	// JetStream message; its claim may take it before it is due.
 	Handed bool
 }
 
@@ -422,8 +421,9 @@ type record struct {
 // order, like the claim); the attempt row is written with its outcome, or
 // stale_lease when the fenced update matched zero rows (filling in the row
 // a takeover wrote, if any). Returns, per record, whether it moved and the
-// messages other processes left for the slot it freed (aurora_take_waiting,
-// called after held locked the slot: migration 00015).
+// messages other processes left for the slot it freed (aurora_take_handed,
+// called after held locked the slot: migrations 00015 and 00017), each item
+// moved to a new dispatch due one lease ($20) later.
 //
 // Every table is reached by key lookups the planner cannot turn into scans:
 // a join on the batch let it answer with hash joins over sequential scans
@@ -482,14 +482,14 @@ att AS (
         stripe_request_id = excluded.stripe_request_id, error_code = excluded.error_code, error_message = excluded.error_message
 )
 SELECT r.id, r.id IN (SELECT id FROM upd),
-       CASE WHEN h.tid IS NOT NULL THEN aurora_take_waiting(r.acct, r.cust, r.meter, $19) ELSE '{}' END
-FROM rec r LEFT JOIN held h ON h.id = r.id`
+       CASE WHEN h.tid IS NOT NULL THEN aurora_take_handed(r.acct, r.cust, r.meter, $19, $20::interval, clk.now) ELSE '{}' END
+FROM rec r CROSS JOIN clk LEFT JOIN held h ON h.id = r.id`
 
 // recordOutcome writes one record. A fenced update of zero rows returns
 // outbox.ErrStaleLease (the attempt row says stale_lease; nothing else
 // changed).
 func recordOutcome(ctx context.Context, db DB, r record) error {
-	errs, _, err := recordOutcomes(ctx, db, r.Now, []record{r}, 0)
+	errs, _, err := recordOutcomes(ctx, db, r.Now, []record{r}, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -500,10 +500,14 @@ func recordOutcome(ctx context.Context, db DB, r record) error {
 // clock override for all). It returns one error per record (nil, or
 // outbox.ErrStaleLease) and, per record, the messages other processes handed
 // to the delivery slot that record freed, at most take per slot, oldest
-// first (see handOff; an entry that does not decode is dropped and left to
-// the relay's re-dispatch sweep); the last return is a database error for
-// the batch.
-func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record, take int) ([]error, [][]outbox.Message, error) {
+// first (see handOff). Each returned message names its item's new dispatch,
+// unpublished and due lease after now: claimed by this process at once
+// (claimParams.Handed), or published by the relay when due if this process
+// dies first. Items no longer pending at the handed dispatch are not
+// returned (another message or lease owns them); an entry that does not
+// decode is dropped, its item published again when due. The last return is
+// a database error for the batch.
+func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record, take int, lease time.Duration) ([]error, [][]outbox.Message, error) {
 	n := len(rs)
 	ids, tokens := make([]int64, n), make([]int64, n)
 	states, outcomes := make([]string, n), make([]string, n)
@@ -551,7 +555,7 @@ func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record, tak
 		}
 	}
 	rows, err := db.Query(ctx, recordSQL, now, ids, tokens, states, reasons, delays, lastErrs, refs,
-		accts, custs, meters, outcomes, statuses, reqIDs, codes, msgs, attempts, started, take)
+		accts, custs, meters, outcomes, statuses, reqIDs, codes, msgs, attempts, started, take, lease)
 	if err != nil {
 		return nil, nil, fmt.Errorf("deliverer: record %d outcomes: %w", n, err)
 	}
@@ -594,7 +598,7 @@ func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record, tak
 // it (held, unexpired) and at most $6 would wait for it in all (counted in
 // this statement's snapshot: concurrent hand-offs can pass it a little). The key-share
 // lock on the slot makes a concurrent release wait for this statement's
-// commit, and its aurora_take_waiting (a fresh snapshot) sees these rows.
+// commit, and its aurora_take_handed (a fresh snapshot) sees these rows.
 const handOffSQL = `
 WITH slot AS MATERIALIZED (
     SELECT 1 FROM delivery_slots s
@@ -602,31 +606,32 @@ WITH slot AS MATERIALIZED (
       AND s.item_id IS NOT NULL AND s.expires_at >= coalesce($5::timestamptz, now())
     FOR KEY SHARE
 )
-INSERT INTO delivery_slot_waiting (destination_account, stripe_customer, meter_id, message)
-SELECT $1, $2, $3, m FROM unnest($4::bytea[]) AS m
+INSERT INTO delivery_slot_waiting (destination_account, stripe_customer, meter_id, message, item_id, dispatch)
+SELECT $1, $2, $3, w.m, w.id, w.d FROM unnest($4::bytea[], $7::bigint[], $8::int[]) AS w(m, id, d)
 WHERE EXISTS (SELECT 1 FROM slot)
   AND (SELECT count(*) FROM delivery_slot_waiting w
        WHERE w.destination_account = $1 AND w.stripe_customer = $2 AND w.meter_id = $3) + cardinality($4::bytea[]) <= $6`
 
-// requeueSQL gives a new dispatch to handed-off items still pending (or
-// leased) at the dispatch they were handed with, so the relay publishes them
-// again at once: they have no JetStream message any more.
+// requeueSQL makes handed items this process took but will not claim due
+// now, so the relay publishes them at once instead of one lease after the
+// take: the take gave each a new, unpublished dispatch (migration 00017).
+// Only items still pending, unpublished, at the dispatch they were taken
+// with move; any other has a newer message or a lease of its own.
 const requeueSQL = `
-UPDATE outbox_items o SET dispatch = o.dispatch + 1
+UPDATE outbox_items o SET next_attempt_at = least(o.next_attempt_at, coalesce($3::timestamptz, now()))
 FROM unnest($1::bigint[], $2::int[]) AS r(id, dispatch)
-WHERE o.id = r.id AND o.dispatch = r.dispatch AND o.state IN ('pending', 'leased')`
+WHERE o.id = r.id AND o.dispatch = r.dispatch AND o.state = 'pending' AND o.published_dispatch < o.dispatch`
 
 // requeue hands items that were handed to this process (no JetStream
-// message) and that it cannot claim back to the relay: a new dispatch, so
-// a new message, instead of waiting for the re-dispatch sweep. Items whose
-// dispatch moved on already have a newer message and are left alone. It
-// returns how many rows moved.
-func requeue(ctx context.Context, db DB, ms []outbox.Message) (int64, error) {
+// message) and that it cannot claim back to the relay, due now (now is the
+// clock override, nil = the database's), instead of one lease after they
+// were taken. It returns how many rows moved.
+func requeue(ctx context.Context, db DB, now *time.Time, ms []outbox.Message) (int64, error) {
 	ids, dispatches := make([]int64, len(ms)), make([]int32, len(ms))
 	for i, m := range ms {
 		ids[i], dispatches[i] = m.ItemID, m.Dispatch
 	}
-	tag, err := db.Exec(ctx, requeueSQL, ids, dispatches)
+	tag, err := db.Exec(ctx, requeueSQL, ids, dispatches, now)
 	if err != nil {
 		return 0, fmt.Errorf("deliverer: requeue %d handed-off items: %w", len(ms), err)
 	}
@@ -639,11 +644,11 @@ func requeue(ctx context.Context, db DB, ms []outbox.Message) (int64, error) {
 // slot is free or expired by now (claim again) or limit messages already
 // wait for it. now is the clock override (nil = the database's).
 func handOff(ctx context.Context, db DB, now *time.Time, slot slotKey, ms []outbox.Message, limit int) (bool, error) {
-	raw := make([][]byte, len(ms))
+	raw, ids, dispatches := make([][]byte, len(ms)), make([]int64, len(ms)), make([]int32, len(ms))
 	for i, m := range ms {
-		raw[i] = m.Encode()
+		raw[i], ids[i], dispatches[i] = m.Encode(), m.ItemID, m.Dispatch
 	}
-	tag, err := db.Exec(ctx, handOffSQL, slot.Account, slot.Customer, slot.Meter, raw, now, limit)
+	tag, err := db.Exec(ctx, handOffSQL, slot.Account, slot.Customer, slot.Meter, raw, now, limit, ids, dispatches)
 	if err != nil {
 		return false, fmt.Errorf("deliverer: hand off %d items: %w", len(ms), err)
 	}

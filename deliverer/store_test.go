@@ -281,14 +281,14 @@ func TestClaimBatch(t *testing.T) {
 	errs, _, err := recordOutcomes(context.Background(), f.pool, &f.now, []record{
 		{Item: rs[1].Item, Outcome: OutcomeAccepted},
 		{Item: rs[2].Item, Outcome: OutcomeRetry, RetryDelay: time.Second},
-	}, 100)
+	}, 100, time.Minute)
 	if err != nil || errs[0] != nil || errs[1] != nil {
 		t.Fatalf("%v %v", errs, err)
 	}
 	if got := f.claim(b, f.now); got.Verdict != verdictClaimed {
 		t.Fatalf("b after a freed the slot: %v", got.Verdict)
 	}
-	errs, _, err = recordOutcomes(context.Background(), f.pool, &f.now, []record{{Item: stale, Outcome: OutcomeAccepted}}, 100)
+	errs, _, err = recordOutcomes(context.Background(), f.pool, &f.now, []record{{Item: stale, Outcome: OutcomeAccepted}}, 100, time.Minute)
 	if err != nil || !errors.Is(errs[0], outbox.ErrStaleLease) {
 		t.Fatalf("stale in batch: %v %v", errs, err)
 	}
@@ -331,7 +331,7 @@ func TestClaimGroup(t *testing.T) {
 	errs, _, err := recordOutcomes(context.Background(), f.pool, &f.now, []record{
 		{Item: rs[0].Item, Outcome: OutcomeAccepted},
 		{Item: rs[1].Item, Outcome: OutcomeAccepted},
-	}, 100)
+	}, 100, time.Minute)
 	if err != nil || errs[0] != nil || errs[1] != nil {
 		t.Fatalf("%v %v", errs, err)
 	}
@@ -352,6 +352,8 @@ func TestHandOff(t *testing.T) {
 	msg := func(r outbox.Row) outbox.Message {
 		return outbox.Message{ItemID: r.ID, Key: r.IdempotencyKey, Dispatch: r.Dispatch, Feature: "api_calls"}
 	}
+	next := func(m outbox.Message) outbox.Message { m.Dispatch++; return m }
+	const lease = time.Minute
 	ra := f.claim(a, f.now)
 	rb := f.claim(b, f.now)
 	if ra.Verdict != verdictClaimed || rb.Verdict != verdictSlotBusy {
@@ -367,22 +369,38 @@ func TestHandOff(t *testing.T) {
 	if ok, err := handOff(ctx, f.pool, &f.now, want, []outbox.Message{msg(c)}, 1); err != nil || ok {
 		t.Fatalf("a full list must refuse: %v %v", ok, err)
 	}
-	errs, handed, err := recordOutcomes(ctx, f.pool, &f.now, []record{{Item: ra.Item, Outcome: OutcomeAccepted}}, 100)
+	errs, handed, err := recordOutcomes(ctx, f.pool, &f.now, []record{{Item: ra.Item, Outcome: OutcomeAccepted}}, 100, lease)
 	if err != nil || errs[0] != nil {
 		t.Fatal(err, errs)
 	}
-	if len(handed[0]) != 1 || handed[0][0] != msg(b) {
+	// The take gives the item its next dispatch, unpublished and due one
+	// lease later (migration 00017): if the taker died now, the relay would
+	// publish it then.
+	if len(handed[0]) != 1 || handed[0][0] != next(msg(b)) {
 		t.Fatalf("handed back to the holder: %+v", handed)
+	}
+	if got := f.get(b.ID); got.State != outbox.StatePending || got.Dispatch != b.Dispatch+1 || got.PublishedDispatch != 0 ||
+		!got.NextAttemptAt.Equal(f.now.Add(lease)) {
+		t.Fatalf("taken item: %+v", got)
 	}
 	if ok, err := handOff(ctx, f.pool, &f.now, want, []outbox.Message{msg(c)}, 10); err != nil || ok {
 		t.Fatalf("a free slot must refuse: %v %v", ok, err)
 	}
+	// The old message no longer claims it; the handed one does, before its
+	// next_attempt_at, and the claim keeps the dispatch the take gave.
+	if rs := f.claim(b, f.now); rs.Verdict == verdictClaimed {
+		t.Fatal("the handed-off message's dispatch still claims the taken item")
+	}
+	rb, err = claimItem(ctx, f.pool, claimParams{Now: &f.now, ItemID: b.ID, Dispatch: b.Dispatch + 1, Exporter: b.Exporter,
+		Key: b.IdempotencyKey, Lease: lease, Handed: true})
+	if err != nil || rb.Verdict != verdictClaimed {
+		t.Fatalf("claim the taken item: %v %v", rb.Verdict, err)
+	}
+	if got := f.get(b.ID); got.State != outbox.StateLeased || got.Dispatch != b.Dispatch+1 {
+		t.Fatalf("claimed taken item: %+v", got)
+	}
 
 	// The holder dies with a list: the takeover inherits it.
-	rb = f.claim(b, f.now)
-	if rb.Verdict != verdictClaimed {
-		t.Fatal(rb.Verdict)
-	}
 	if ok, err := handOff(ctx, f.pool, &f.now, want, []outbox.Message{msg(c)}, 10); err != nil || !ok {
 		t.Fatalf("hand-off: %v %v", ok, err)
 	}
@@ -390,16 +408,18 @@ func TestHandOff(t *testing.T) {
 	if ok, err := handOff(ctx, f.pool, &late, want, []outbox.Message{msg(a)}, 10); err != nil || ok {
 		t.Fatalf("an expired slot must refuse: %v %v", ok, err)
 	}
-	rc := f.claim(c, late)
-	if rc.Verdict != verdictClaimed {
-		t.Fatal(rc.Verdict)
+	d0 := f.stage("event:d0")
+	rd0 := f.claim(d0, late)
+	if rd0.Verdict != verdictClaimed {
+		t.Fatal(rd0.Verdict)
 	}
-	_, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rc.Item, Outcome: OutcomeAccepted}}, 100)
-	if err != nil || len(handed[0]) != 1 || handed[0][0] != msg(c) {
+	_, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rd0.Item, Outcome: OutcomeAccepted}}, 100, lease)
+	if err != nil || len(handed[0]) != 1 || handed[0][0] != next(msg(c)) {
 		t.Fatalf("inherited list: %+v %v", handed, err)
 	}
 	// A release takes at most `take` messages, oldest first; the rest wait
-	// for the next release.
+	// for the next release. An entry whose item is no longer pending at its
+	// dispatch (a is accepted) is dropped by the take, not returned.
 	d1, d2 := f.stage("event:d1"), f.stage("event:d2")
 	rd1 := f.claim(d1, late)
 	if rd1.Verdict != verdictClaimed {
@@ -408,48 +428,42 @@ func TestHandOff(t *testing.T) {
 	if ok, err := handOff(ctx, f.pool, &late, want, []outbox.Message{msg(d2), msg(a)}, 10); err != nil || !ok {
 		t.Fatalf("hand-off: %v %v", ok, err)
 	}
-	_, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rd1.Item, Outcome: OutcomeAccepted}}, 1)
-	if err != nil || len(handed[0]) != 1 || handed[0][0] != msg(d2) {
+	_, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rd1.Item, Outcome: OutcomeAccepted}}, 1, lease)
+	if err != nil || len(handed[0]) != 1 || handed[0][0] != next(msg(d2)) {
 		t.Fatalf("bounded take: %+v %v", handed, err)
 	}
 	var left int
 	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM delivery_slot_waiting`).Scan(&left); err != nil || left != 1 {
 		t.Fatalf("left waiting: %d %v", left, err)
 	}
+	rd3 := f.claim(f.stage("event:d3"), late)
+	if rd3.Verdict != verdictClaimed {
+		t.Fatal(rd3.Verdict)
+	}
+	_, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rd3.Item, Outcome: OutcomeAccepted}}, 100, lease)
+	if err != nil || len(handed[0]) != 0 {
+		t.Fatalf("an accepted item's entry must be dropped: %+v %v", handed, err)
+	}
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM delivery_slot_waiting`).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("left waiting: %d %v", left, err)
+	}
 
-	// Requeue: a handed item this process will not claim gets a new
-	// dispatch (the relay publishes it); one whose dispatch moved on, or
-	// that is terminal, is left alone.
-	if n, err := requeue(ctx, f.pool, []outbox.Message{msg(d2), msg(d1)}); err != nil || n != 1 {
+	// Requeue: a taken item this process will not claim is due now (the
+	// relay publishes its new dispatch); one whose dispatch moved on, or
+	// that is not pending, is left alone.
+	if n, err := requeue(ctx, f.pool, &late, []outbox.Message{next(msg(d2)), msg(d1)}); err != nil || n != 1 {
 		t.Fatalf("requeue: %d %v", n, err)
 	}
-	if got := f.get(d2.ID); got.Dispatch != d2.Dispatch+1 || got.State != outbox.StatePending {
+	if got := f.get(d2.ID); got.Dispatch != d2.Dispatch+1 || got.State != outbox.StatePending || !got.NextAttemptAt.Equal(late) {
 		t.Fatalf("requeued: %+v", got)
 	}
-	if n, err := requeue(ctx, f.pool, []outbox.Message{msg(d2)}); err != nil || n != 0 {
+	if n, err := requeue(ctx, f.pool, &late, []outbox.Message{msg(d2)}); err != nil || n != 0 {
 		t.Fatalf("stale requeue: %d %v", n, err)
-	}
-
-	// Claiming a handed item (no JetStream message) gives it a new,
-	// unpublished dispatch: if this process dies, the relay publishes it as
-	// soon as the lease expires.
-	e := f.stage("event:e")
-	f.exec(`UPDATE outbox_items SET published_dispatch = dispatch WHERE id = $1`, e.ID)
-	re, err := claimItem(ctx, f.pool, claimParams{Now: &late, ItemID: e.ID, Dispatch: e.Dispatch, Exporter: e.Exporter,
-		Key: e.IdempotencyKey, Lease: time.Minute, Handed: true})
-	if err != nil || re.Verdict != verdictClaimed {
-		t.Fatalf("claim handed: %v %v", re.Verdict, err)
-	}
-	if got := f.get(e.ID); got.Dispatch != e.Dispatch+1 || got.PublishedDispatch != e.Dispatch || got.State != outbox.StateLeased {
-		t.Fatalf("handed claim: %+v", got)
-	}
-	if _, _, err := recordOutcomes(ctx, f.pool, &late, []record{{Item: re.Item, Outcome: OutcomeAccepted}}, 0); err != nil {
-		t.Fatal(err)
 	}
 
 	// The slow holder's late write (its own lease was not taken over) still
 	// lands, but the slot is no longer its own: it takes nothing.
-	errs, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rb.Item, Outcome: OutcomeAccepted}}, 100)
+	errs, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rb.Item, Outcome: OutcomeAccepted}}, 100, lease)
 	if err != nil || errs[0] != nil || len(handed[0]) != 0 {
 		t.Fatalf("slow holder: %v %+v %v", errs, handed, err)
 	}
