@@ -8,6 +8,7 @@
 package demo
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -60,6 +61,9 @@ type Options struct {
 	GenTenants   int
 	GenRequests  int
 	Outbox       config.Outbox
+	// Period is the usage period items are counted in (AURORA_USAGE_PERIOD;
+	// "" = usage.PeriodDay).
+	Period usage.Period
 	// Deliverer configures every deliverer instance (validated; its Outbox
 	// is replaced by Outbox). nil = deliverer.DefaultConfig().
 	Deliverer *deliverer.Config
@@ -297,7 +301,7 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 	// 7. Replay usage and wait for the pipeline to drain.
 	began := time.Now()
 	gate := usage.Gate{
-		Recorder: usage.Recorder{DestinationAccount: o.Account, Mode: mode, Period: usage.PeriodDay},
+		Recorder: usage.Recorder{DestinationAccount: o.Account, Mode: mode, Period: cmp.Or(o.Period, usage.PeriodDay)},
 		Sources:  usage.Sources{feed.FeatureAPICalls: usage.SourceEvents, feed.FeatureEgressBytes: usage.SourceEvents},
 	}
 	rejected, err := record(ctx, pool, gate, res.Events)

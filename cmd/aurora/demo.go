@@ -15,6 +15,8 @@ import (
 	"github.com/aurora-billing/aurora/deliverer/stripeexport"
 	"github.com/aurora-billing/aurora/demo"
 	"github.com/aurora-billing/aurora/shared/config"
+	"github.com/aurora-billing/aurora/shared/identity"
+	"github.com/aurora-billing/aurora/shared/usage"
 	"github.com/aurora-billing/aurora/stripeemulator"
 	"github.com/spf13/cobra"
 )
@@ -110,12 +112,23 @@ and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS
 					return err
 				}
 			}
+			// The demo stages in the mode of the key it sends with (the
+			// emulator's is a test key): a different AURORA_STRIPE_MODE would
+			// only quarantine every item mode_mismatch.
+			keyMode := identity.ModeTest
+			if cfg.StripeKey != "" {
+				keyMode = stripeexport.KeyMode(cfg.StripeKey)
+			}
+			if m := env["AURORA_STRIPE_MODE"]; m != "" && m != string(keyMode) {
+				return usageError{fmt.Errorf("AURORA_STRIPE_MODE=%s does not match the Stripe key's mode (%s); the demo stages in the key's mode: unset it or set it to %s", m, keyMode, keyMode)}
+			}
 			if validate {
 				fmt.Fprintln(cmd.OutOrStdout(), "configuration valid")
 				return nil
 			}
 			o.DatabaseURL, o.NATSURL, o.StripeKey, o.StripeBase = cfg.Database.URL, cfg.NATSURL, cfg.StripeKey, cfg.StripeBase
 			o.Account, o.Outbox, o.Deliverer = cfg.StripeAccount, cfg.Outbox, &cfg.Config
+			o.Period = usage.Period(cfg.UsagePeriod)
 			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
 				o.Progress = os.Stderr

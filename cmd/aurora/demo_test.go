@@ -1,0 +1,46 @@
+package main
+
+import (
+	"context"
+	"os"
+	"testing"
+)
+
+// TestDemoValidateExitCodes: `aurora demo --validate` checks the flags and
+// the environment and exits 0, or 2 naming what is wrong, before anything
+// is started.
+func TestDemoValidateExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want int
+	}{
+		{"defaults", nil, nil, 0},
+		{"usage period hour", map[string]string{"AURORA_USAGE_PERIOD": "hour"}, nil, 0},
+		{"usage period out of range", map[string]string{"AURORA_USAGE_PERIOD": "week"}, nil, 2},
+		{"mode matching the emulator's test key", map[string]string{"AURORA_STRIPE_MODE": "test"}, nil, 0},
+		{"live mode against the emulator's test key", map[string]string{"AURORA_STRIPE_MODE": "live"}, nil, 2},
+		{"live mode against a test key", map[string]string{"AURORA_STRIPE_MODE": "live", "AURORA_STRIPE_API_KEY": "sk_test_x",
+			"AURORA_STRIPE_API_BASE": "http://127.0.0.1:12111"}, nil, 2},
+		{"live mode with a live key", map[string]string{"AURORA_STRIPE_MODE": "live", "AURORA_STRIPE_API_KEY": "sk_live_x",
+			"AURORA_STRIPE_API_BASE": "http://127.0.0.1:12111"}, nil, 0},
+		{"key without base", map[string]string{"AURORA_STRIPE_API_KEY": "sk_test_x"}, nil, 2},
+		{"no deliverers", nil, []string{"--deliverers", "0"}, 2},
+		{"bad faults", nil, []string{"--faults", "http500=2"}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, k := range []string{"AURORA_USAGE_PERIOD", "AURORA_STRIPE_MODE", "AURORA_STRIPE_API_KEY", "AURORA_STRIPE_API_BASE"} {
+				t.Setenv(k, "") // restored after the test
+				os.Unsetenv(k)
+			}
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			args := append([]string{"demo", "--validate"}, tc.args...)
+			if got := run(context.Background(), args); got != tc.want {
+				t.Fatalf("exit %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
