@@ -485,17 +485,6 @@ SELECT r.id, r.id IN (SELECT id FROM upd),
        CASE WHEN h.tid IS NOT NULL THEN aurora_take_handed(r.acct, r.cust, r.meter, $19, $20::interval, clk.now) ELSE '{}' END
 FROM rec r CROSS JOIN clk LEFT JOIN held h ON h.id = r.id`
 
-// recordOutcome writes one record. A fenced update of zero rows returns
-// outbox.ErrStaleLease (the attempt row says stale_lease; nothing else
-// changed).
-func recordOutcome(ctx context.Context, db DB, r record) error {
-	errs, _, err := recordOutcomes(ctx, db, r.Now, []record{r}, 0, 0)
-	if err != nil {
-		return err
-	}
-	return errs[0]
-}
-
 // recordOutcomes writes rs in one statement (item ids unique; now is the
 // clock override for all). It returns one error per record (nil, or
 // outbox.ErrStaleLease) and, per record, the messages other processes handed

@@ -72,6 +72,17 @@ func (f *storeFixture) get(id int64) outbox.Row {
 	return r
 }
 
+// recordOutcome writes one record (a batch of one, taking nothing). A fenced update of zero rows returns
+// outbox.ErrStaleLease (the attempt row says stale_lease; nothing else
+// changed).
+func recordOutcome(ctx context.Context, db DB, r record) error {
+	errs, _, err := recordOutcomes(ctx, db, r.Now, []record{r}, 0, 0)
+	if err != nil {
+		return err
+	}
+	return errs[0]
+}
+
 // TestClaimTransitions: pending → leased (token+1, attempts+1,
 // first_attempt_at, lease from the given clock); leased (live) not
 // claimable; leased (expired) → leased with a new token; and every verdict
