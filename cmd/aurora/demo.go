@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime/debug"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -63,18 +64,13 @@ Stripe emulator (unless AURORA_STRIPE_API_KEY and AURORA_STRIPE_API_BASE are set
 and several deliverers. Usage comes from --input (an Apache/nginx access log or JSONL) or a
 deterministic generator. Prints a summary, or JSON with --json; logs go to stderr.
 
-The demo shortens retry backoff (base 1 s, cap 10 s) unless AURORA_OUTBOX_BACKOFF_* are set,
+The demo shortens retry backoff to base 1 s, cap 10 s (a base set above 10 s is its own cap),
 and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var cfg demoConfig
 			env := environ()
-			if _, ok := env["AURORA_OUTBOX_BACKOFF_BASE_SECONDS"]; !ok {
-				env["AURORA_OUTBOX_BACKOFF_BASE_SECONDS"] = "1"
-			}
-			if _, ok := env["AURORA_OUTBOX_BACKOFF_CAP_SECONDS"]; !ok {
-				env["AURORA_OUTBOX_BACKOFF_CAP_SECONDS"] = "10"
-			}
+			shortenBackoff(env)
 			if err := config.LoadFrom(&cfg, env); err != nil {
 				return err
 			}
@@ -151,7 +147,7 @@ and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS
 						return err
 					}
 				} else {
-					printSummary(cmd, sum)
+					printSummary(cmd, sum, o.KeepDatabase)
 				}
 			}
 			return err
@@ -172,6 +168,40 @@ and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS
 	return cmd
 }
 
+// Demo backoff when AURORA_OUTBOX_BACKOFF_* are not set, in seconds.
+const (
+	demoBackoffBase = 1
+	demoBackoffCap  = 10
+)
+
+// shortenBackoff gives the demo its short retry backoff in env: each of
+// AURORA_OUTBOX_BACKOFF_BASE_SECONDS and _CAP_SECONDS not set gets the
+// demo's value, kept consistent with the one that is set (a base above the
+// demo's cap is its own cap; a cap below the demo's base is its own base),
+// so setting one never makes the other out of range. Values that do not
+// parse are left for the configuration check to name.
+func shortenBackoff(env map[string]string) {
+	const baseVar, capVar = "AURORA_OUTBOX_BACKOFF_BASE_SECONDS", "AURORA_OUTBOX_BACKOFF_CAP_SECONDS"
+	base, baseSet := env[baseVar]
+	cap_, capSet := env[capVar]
+	switch {
+	case !baseSet && !capSet:
+		env[baseVar], env[capVar] = strconv.Itoa(demoBackoffBase), strconv.Itoa(demoBackoffCap)
+	case !capSet:
+		c := demoBackoffCap
+		if b, err := strconv.Atoi(strings.TrimSpace(base)); err == nil && b > c {
+			c = b
+		}
+		env[capVar] = strconv.Itoa(c)
+	case !baseSet:
+		b := demoBackoffBase
+		if c, err := strconv.Atoi(strings.TrimSpace(cap_)); err == nil && c >= 1 && c < b {
+			b = c
+		}
+		env[baseVar] = strconv.Itoa(b)
+	}
+}
+
 func environ() map[string]string {
 	m := map[string]string{}
 	for _, kv := range os.Environ() {
@@ -182,7 +212,7 @@ func environ() map[string]string {
 	return m
 }
 
-func printSummary(cmd *cobra.Command, s *demo.Summary) {
+func printSummary(cmd *cobra.Command, s *demo.Summary, kept bool) {
 	w := cmd.OutOrStdout()
 	fmt.Fprintf(w, "aurora demo — input %s, provider %s", s.Input, s.Provider)
 	if s.Faults != "" {
@@ -196,7 +226,12 @@ func printSummary(cmd *cobra.Command, s *demo.Summary) {
 	for _, r := range s.FirstRejected {
 		fmt.Fprintf(w, "    event %s: %s\n", r.EventID, r.Reason)
 	}
-	fmt.Fprintf(w, "  items staged      %d; staged to resolved in %.1fs (%.0f items/s), drained=%v\n", s.ItemsStaged, s.ElapsedSeconds, s.ItemsPerSecond, s.Drained)
+	if s.Drained {
+		fmt.Fprintf(w, "  items staged      %d; staged to resolved in %.1fs (%.0f items/s), drained=true\n", s.ItemsStaged, s.ElapsedSeconds, s.ItemsPerSecond)
+	} else {
+		open := s.ItemsByState["pending"] + s.ItemsByState["leased"]
+		fmt.Fprintf(w, "  items staged      %d; NOT drained: %d still pending or leased after %.1fs, drained=false\n", s.ItemsStaged, open, s.ElapsedSeconds)
+	}
 	fmt.Fprint(w, "  items by state   ")
 	for _, st := range []string{"pending", "leased", "accepted", "confirmed", "uncertain", "rejected", "quarantined"} {
 		fmt.Fprintf(w, " %s=%d", st, s.ItemsByState[st])
@@ -228,4 +263,7 @@ func printSummary(cmd *cobra.Command, s *demo.Summary) {
 		fmt.Fprintf(w, "  %-16s committed %d, provider applied %s\n", f, s.CommittedQuantity[f], match)
 	}
 	fmt.Fprintf(w, "  identifiers applied more than once at the provider: %d\n", s.ProviderDuplicateApplications)
+	if kept {
+		fmt.Fprintf(w, "  database          %s (kept: drop it with DROP DATABASE when done)\n", s.Database)
+	}
 }

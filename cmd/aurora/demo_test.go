@@ -28,9 +28,11 @@ func TestDemoValidateExitCodes(t *testing.T) {
 		{"key without base", map[string]string{"AURORA_STRIPE_API_KEY": "sk_test_x"}, nil, 2},
 		{"no deliverers", nil, []string{"--deliverers", "0"}, 2},
 		{"bad faults", nil, []string{"--faults", "http500=2"}, 2},
+		{"only a backoff base above the demo's cap", map[string]string{"AURORA_OUTBOX_BACKOFF_BASE_SECONDS": "20"}, nil, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, k := range []string{"AURORA_USAGE_PERIOD", "AURORA_STRIPE_MODE", "AURORA_STRIPE_API_KEY", "AURORA_STRIPE_API_BASE"} {
+			for _, k := range []string{"AURORA_USAGE_PERIOD", "AURORA_STRIPE_MODE", "AURORA_STRIPE_API_KEY", "AURORA_STRIPE_API_BASE",
+				"AURORA_OUTBOX_BACKOFF_BASE_SECONDS", "AURORA_OUTBOX_BACKOFF_CAP_SECONDS"} {
 				t.Setenv(k, "") // restored after the test
 				os.Unsetenv(k)
 			}
@@ -40,6 +42,31 @@ func TestDemoValidateExitCodes(t *testing.T) {
 			args := append([]string{"demo", "--validate"}, tc.args...)
 			if got := run(context.Background(), args); got != tc.want {
 				t.Fatalf("exit %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestShortenBackoff: the demo's short backoff fills in only what is not
+// set, consistently with what is.
+func TestShortenBackoff(t *testing.T) {
+	const b, c = "AURORA_OUTBOX_BACKOFF_BASE_SECONDS", "AURORA_OUTBOX_BACKOFF_CAP_SECONDS"
+	for _, tc := range []struct {
+		name              string
+		in                map[string]string
+		wantBase, wantCap string
+	}{
+		{"neither set", map[string]string{}, "1", "10"},
+		{"base below the demo cap", map[string]string{b: "3"}, "3", "10"},
+		{"base above the demo cap is its own cap", map[string]string{b: "20"}, "20", "20"},
+		{"cap above the demo base", map[string]string{c: "60"}, "1", "60"},
+		{"both set: untouched", map[string]string{b: "7", c: "9"}, "7", "9"},
+		{"unparsable base: left for the check", map[string]string{b: "x"}, "x", "10"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			shortenBackoff(tc.in)
+			if tc.in[b] != tc.wantBase || tc.in[c] != tc.wantCap {
+				t.Fatalf("base %q cap %q, want %q %q", tc.in[b], tc.in[c], tc.wantBase, tc.wantCap)
 			}
 		})
 	}
