@@ -478,4 +478,68 @@ func TestHandOff(t *testing.T) {
 	if err != nil || errs[0] != nil || len(handed[0]) != 0 {
 		t.Fatalf("slow holder: %v %+v %v", errs, handed, err)
 	}
+
+	// An item whose lease expired (its holder died) and whose message came
+	// back and was handed over is taken too: a new dispatch (the relay
+	// publishes it, as any expired lease with an unpublished dispatch), and
+	// the taker's handed claim takes it over.
+	later := late.Add(2 * lease)
+	g := f.stage("event:g")
+	rg := f.claim(g, late)
+	if rg.Verdict != verdictClaimed {
+		t.Fatal(rg.Verdict)
+	}
+	// (rg holds the slot; its lease expires at late+lease: dead.)
+	holder := f.claim(f.stage("event:h"), later) // takes the expired slot over
+	if holder.Verdict != verdictClaimed {
+		t.Fatal(holder.Verdict)
+	}
+	if ok, err := handOff(ctx, f.pool, &later, want, []outbox.Message{msg(g)}, 10); err != nil || !ok {
+		t.Fatalf("hand-off of an expired lease's item: %v %v", ok, err)
+	}
+	_, handed, err = recordOutcomes(ctx, f.pool, &later, []record{{Item: holder.Item, Outcome: OutcomeAccepted}}, 100, lease)
+	if err != nil || len(handed[0]) != 1 || handed[0][0] != next(msg(g)) {
+		t.Fatalf("expired lease's item: %+v %v", handed, err)
+	}
+	if got := f.get(g.ID); got.State != outbox.StateLeased || got.Dispatch != g.Dispatch+1 || got.LeaseToken != rg.Item.LeaseToken {
+		t.Fatalf("taken expired lease: %+v", got)
+	}
+	rg2, err := claimItem(ctx, f.pool, claimParams{Now: &later, ItemID: g.ID, Dispatch: g.Dispatch + 1, Exporter: g.Exporter,
+		Key: g.IdempotencyKey, Lease: lease, Handed: true})
+	if err != nil || rg2.Verdict != verdictClaimed {
+		t.Fatalf("claim the taken expired lease: %v %v", rg2.Verdict, err)
+	}
+
+	// An item another transaction holds locked (a claim waiting for this
+	// very slot, say) is not waited for: its entry stays for the next take.
+	k := f.stage("event:k")
+	if ok, err := handOff(ctx, f.pool, &later, want, []outbox.Message{msg(k)}, 10); err != nil || !ok {
+		t.Fatalf("hand-off: %v %v", ok, err)
+	}
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM outbox_items WHERE id = $1 FOR UPDATE`, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, handed, err = recordOutcomes(ctx, f.pool, &later, []record{{Item: rg2.Item, Outcome: OutcomeAccepted}}, 100, lease)
+	if err != nil || len(handed[0]) != 0 {
+		t.Fatalf("a locked item must be skipped: %+v %v", handed, err)
+	}
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM delivery_slot_waiting`).Scan(&left); err != nil || left != 1 {
+		t.Fatalf("the locked item's entry must stay: %d %v", left, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rl := f.claim(f.stage("event:l"), later)
+	if rl.Verdict != verdictClaimed {
+		t.Fatal(rl.Verdict)
+	}
+	_, handed, err = recordOutcomes(ctx, f.pool, &later, []record{{Item: rl.Item, Outcome: OutcomeAccepted}}, 100, lease)
+	if err != nil || len(handed[0]) != 1 || handed[0][0] != next(msg(k)) {
+		t.Fatalf("the next take: %+v %v", handed, err)
+	}
 }

@@ -12,13 +12,24 @@
 -- (docs/deliverer.md).
 --
 -- aurora_take_handed takes them and, in the same statement, moves each item
--- still pending at the handed dispatch to dispatch + 1 with next_attempt_at =
--- at + lease: a new generation the relay publishes once it is due, unless
--- the taker claims it first (a handed claim may take a pending item before
--- its next_attempt_at: it names the exact new dispatch, which no one else
--- has). Items no longer pending at that dispatch (delivered, leased by
--- someone else, re-dispatched meanwhile) are dropped from the list: another
--- message or lease owns them. It returns the messages with the new dispatch.
+-- still open at the handed dispatch to dispatch + 1: a pending item also
+-- gets next_attempt_at = at + lease, so the relay publishes the new
+-- generation once it is due unless the taker claims it first (a handed
+-- claim may take a pending item before its next_attempt_at: it names the
+-- exact new dispatch, which no one else has); a leased item whose lease has
+-- expired (its holder died; the message that came back was handed over)
+-- keeps its expired lease and is published by the relay at once, as any
+-- expired lease with an unpublished dispatch is, while the taker claims it.
+-- It returns the messages with the new dispatch. Entries whose item has
+-- moved on (delivered, leased by a live holder, re-dispatched meanwhile)
+-- are dropped from the list: another message or lease owns them.
+--
+-- The items are locked FOR UPDATE SKIP LOCKED: the caller (the outcome
+-- write) holds the slot's lock, and a claim holding an item's lock may be
+-- waiting for that slot, so waiting here could deadlock. An entry whose
+-- item someone else has locked stays in the list for the slot's next take
+-- (the locker — a claim, the relay, the sweep — decides the item meanwhile,
+-- and a take after that drops or takes the entry).
 --
 -- The waiting rows carry the item and dispatch in columns (the message is
 -- the same JSON the deliverer decodes); rows written by an older deliverer
@@ -36,26 +47,46 @@ RETURNS bytea[] LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     taken bytea[];
 BEGIN
-    WITH t AS (
-        DELETE FROM delivery_slot_waiting
-        WHERE ctid IN (
-            SELECT ctid FROM delivery_slot_waiting
-            WHERE destination_account = acct AND stripe_customer = cust AND meter_id = meter
-            ORDER BY seq
-            LIMIT lim
-        )
-        RETURNING seq, convert_from(message, 'UTF8')::jsonb AS body,
-                  coalesce(item_id, (convert_from(message, 'UTF8')::jsonb ->> 'item_id')::bigint) AS item_id,
-                  coalesce(dispatch, (convert_from(message, 'UTF8')::jsonb ->> 'dispatch')::integer) AS dispatch
+    WITH w AS MATERIALIZED (
+        SELECT ctid AS wtid, seq, message,
+               coalesce(item_id, (convert_from(message, 'UTF8')::jsonb ->> 'item_id')::bigint) AS item_id,
+               coalesce(dispatch, (convert_from(message, 'UTF8')::jsonb ->> 'dispatch')::integer) AS dispatch
+        FROM delivery_slot_waiting
+        WHERE destination_account = acct AND stripe_customer = cust AND meter_id = meter
+        ORDER BY seq
+        LIMIT lim
+    ), locked AS MATERIALIZED (
+        -- One primary-key lookup per item (LATERAL); SKIP LOCKED: see above.
+        -- A row another transaction changed since this statement's snapshot
+        -- is locked and read at its latest version.
+        SELECT o.id, o.dispatch, o.state, o.lease_expires_at
+        FROM (SELECT DISTINCT item_id FROM w) x
+        CROSS JOIN LATERAL (
+            SELECT o.id, o.dispatch, o.state, o.lease_expires_at FROM outbox_items o
+            WHERE o.id = x.item_id
+            FOR UPDATE SKIP LOCKED
+        ) o
+    ), eligible AS MATERIALIZED (
+        SELECT l.id FROM locked l
+        WHERE (l.state = 'pending' OR (l.state = 'leased' AND l.lease_expires_at < at))
+          AND EXISTS (SELECT 1 FROM w WHERE w.item_id = l.id AND w.dispatch = l.dispatch)
     ), bumped AS (
-        UPDATE outbox_items o SET dispatch = o.dispatch + 1, next_attempt_at = at + lease
-        FROM t
-        WHERE o.id = t.item_id AND o.dispatch = t.dispatch AND o.state = 'pending'
+        -- By id, not by the locked row's address: an UPDATE reaches the
+        -- latest version of a row it holds the lock of.
+        UPDATE outbox_items o
+        SET dispatch = o.dispatch + 1,
+            next_attempt_at = CASE WHEN o.state = 'pending' THEN at + lease ELSE o.next_attempt_at END
+        WHERE o.id = ANY (ARRAY(SELECT id FROM eligible))
         RETURNING o.id, o.dispatch
+    ), gone AS (
+        -- Taken (bumped) or moved on (locked here, not eligible): off the list.
+        DELETE FROM delivery_slot_waiting d
+        WHERE d.ctid = ANY (ARRAY(SELECT w.wtid FROM w WHERE w.item_id IN (SELECT id FROM locked)))
     )
-    SELECT coalesce(array_agg(convert_to(jsonb_set(t.body, '{dispatch}', to_jsonb(b.dispatch))::text, 'UTF8') ORDER BY t.seq), '{}')
+    SELECT coalesce(array_agg(convert_to(jsonb_set(convert_from(w.message, 'UTF8')::jsonb, '{dispatch}', to_jsonb(b.dispatch))::text, 'UTF8')
+                              ORDER BY w.seq), '{}')
     INTO taken
-    FROM t JOIN bumped b ON b.id = t.item_id AND b.dispatch = t.dispatch + 1;
+    FROM w JOIN bumped b ON b.id = w.item_id AND b.dispatch = w.dispatch + 1;
     RETURN taken;
 END
 $$;
