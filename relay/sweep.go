@@ -4,11 +4,16 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // sweepLimit bounds the rows one sweep transaction bumps; a full sweep runs
 // again at once.
 const sweepLimit = 1000
+
+// sweepLogIDs bounds the item ids one sweep's log line names.
+const sweepLogIDs = 20
 
 // redispatchSQL gives dispatch+1 to rows whose published message is presumed
 // lost: published for their current dispatch (published_dispatch =
@@ -49,7 +54,8 @@ WITH stale_pending AS MATERIALIZED (
 )
 UPDATE outbox_items o SET dispatch = o.dispatch + 1
 FROM (SELECT id FROM stale_pending UNION ALL SELECT id FROM stale_leased) s
-WHERE o.id = s.id`
+WHERE o.id = s.id
+RETURNING o.id`
 
 // sweepLoop runs the re-dispatch sweep every RedispatchScanMS.
 func (r *Relay) sweepLoop(ctx context.Context) {
@@ -87,15 +93,21 @@ func (r *Relay) sweepLoop(ctx context.Context) {
 func (r *Relay) sweep(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		tag, err := r.pool.Exec(ctx, redispatchSQL, r.clk.Override(), r.cfg.RedispatchSeconds, sweepLimit)
+		rows, err := r.pool.Query(ctx, redispatchSQL, r.clk.Override(), r.cfg.RedispatchSeconds, sweepLimit)
 		if err != nil {
 			return total, fmt.Errorf("relay: re-dispatch: %w", err)
 		}
-		n := int(tag.RowsAffected())
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return total, fmt.Errorf("relay: re-dispatch: %w", err)
+		}
+		n := len(ids)
 		total += n
 		if n > 0 {
 			r.m.redispatched.Add(float64(n))
-			r.log.Info("relay: re-dispatched rows presumed lost", "rows", n)
+			// Item ids (internal, no customer data) so an operator can ask
+			// why these messages were lost: the first sweepLogIDs of them.
+			r.log.Info("relay: re-dispatched rows presumed lost", "rows", n, "item_ids", ids[:min(n, sweepLogIDs)])
 			r.kick()
 		}
 		if n < sweepLimit || ctx.Err() != nil {
