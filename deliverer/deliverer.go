@@ -389,7 +389,8 @@ func nextWait(wait time.Duration, slotOnly bool) time.Duration {
 // groupMsg is one message of a group being handled. msg is nil for an item
 // another process handed to this one's delivery slot (handOff): there is no
 // JetStream message to settle, so an item this process does not claim is
-// requeued (a new dispatch the relay publishes at once).
+// requeued (made due now: the relay publishes the new dispatch the take gave
+// it at once).
 type groupMsg struct {
 	msg jetstream.Msg
 	m   outbox.Message

@@ -370,7 +370,7 @@ func TestTakenItemsPublishedWhenTakerDies(t *testing.T) {
 	// same clock), then the holder dies: nobody claims them.
 	lease := time.Duration(cfg.LeaseSeconds) * time.Second
 	var taken [][]byte
-	if err := h.pool.QueryRow(context.Background(), `SELECT aurora_take_handed($1, $2, $3, 100, $4::interval, $5::timestamptz)`,
+	if err := h.pool.QueryRow(context.Background(), `SELECT aurora_take_handed($1, $2, $3, 100, $4::interval, $5::timestamptz, NULL)`,
 		acct, customer, h.meter.ID, lease, now).Scan(&taken); err != nil || len(taken) != 3 {
 		t.Fatalf("take: %d %v", len(taken), err)
 	}

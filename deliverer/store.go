@@ -265,9 +265,11 @@ type claimParams struct {
 	// sends them one at a time). 0 = a group of its own.
 	Group int64
 	// Handed: the item was handed to this process (handOff) and taken by
-	// its outcome write, which gave it the new dispatch Dispatch, unpublished
-	// and due one lease later (aurora_take_handed, migration 00017). It has no
-	// JetStream message; its claim may take it before it is due.
+	// its outcome write, which gave it the new, unpublished dispatch
+	// Dispatch (aurora_take_handed, migration 00017: a pending item due one
+	// lease later, an expired lease's item published by the relay at once).
+	// It has no JetStream message; its claim may take a pending item before
+	// it is due.
 	Handed bool
 }
 
@@ -363,6 +365,11 @@ func claimItems(ctx context.Context, db DB, now *time.Time, exporter string, lea
 			if candAccount != nil && sc.StripeCustomer != nil && sc.MeterID != nil {
 				r.Slot = &slotKey{Account: *candAccount, Customer: *sc.StripeCustomer, Meter: *sc.MeterID}
 			}
+		case p.Handed && r.State == outbox.StatePending:
+			// A handed claim does not wait for next_attempt_at (the take
+			// set it one lease ahead): a pending row it did not get was
+			// locked by someone else.
+			r.Verdict = verdictLocked
 		default:
 			r.Verdict = stateVerdict(r.State, r.NextAttemptAt, r.LeaseExpiresAt, r.Now)
 		}
@@ -482,20 +489,21 @@ att AS (
         stripe_request_id = excluded.stripe_request_id, error_code = excluded.error_code, error_message = excluded.error_message
 )
 SELECT r.id, r.id IN (SELECT id FROM upd),
-       CASE WHEN h.tid IS NOT NULL THEN aurora_take_handed(r.acct, r.cust, r.meter, $19, $20::interval, clk.now) ELSE '{}' END
+       CASE WHEN h.tid IS NOT NULL THEN aurora_take_handed(r.acct, r.cust, r.meter, $19, $20::interval, clk.now, $2::bigint[]) ELSE '{}' END
 FROM rec r CROSS JOIN clk LEFT JOIN held h ON h.id = r.id`
 
 // recordOutcomes writes rs in one statement (item ids unique; now is the
 // clock override for all). It returns one error per record (nil, or
 // outbox.ErrStaleLease) and, per record, the messages other processes handed
 // to the delivery slot that record freed, at most take per slot, oldest
-// first (see handOff). Each returned message names its item's new dispatch,
-// unpublished and due lease after now: claimed by this process at once
-// (claimParams.Handed), or published by the relay when due if this process
-// dies first. Items no longer pending at the handed dispatch are not
-// returned (another message or lease owns them); an entry that does not
-// decode is dropped, its item published again when due. The last return is
-// a database error for the batch.
+// first (see handOff). Each returned message names its item's new,
+// unpublished dispatch (a pending item due lease after now, an item whose
+// lease expired published by the relay at once): claimed by this process
+// next (claimParams.Handed), or published by the relay when due if this
+// process dies first. Items that moved on (delivered, leased by a live
+// holder, re-dispatched, or in rs itself) are not returned; an entry that
+// does not decode is dropped, its item published when due. The last return
+// is a database error for the batch.
 func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record, take int, lease time.Duration) ([]error, [][]outbox.Message, error) {
 	n := len(rs)
 	ids, tokens := make([]int64, n), make([]int64, n)
@@ -573,8 +581,8 @@ func recordOutcomes(ctx context.Context, db DB, now *time.Time, rs []record, tak
 			out[i] = fmt.Errorf("item %d lease_token %d: %w", r.Item.ItemID, r.Item.LeaseToken, outbox.ErrStaleLease)
 		}
 		for _, raw := range a.waiting {
-			// A message that does not decode cannot be claimed: its item is
-			// pending and published, and the relay's sweep publishes it again.
+			// A message that does not decode cannot be claimed: the take
+			// gave its item a new dispatch, which the relay publishes when due.
 			if m, err := outbox.DecodeMessage(raw); err == nil {
 				handed[i] = append(handed[i], m)
 			}
@@ -606,10 +614,16 @@ WHERE EXISTS (SELECT 1 FROM slot)
 // take: the take gave each a new, unpublished dispatch (migration 00017).
 // Only items still pending, unpublished, at the dispatch they were taken
 // with move; any other has a newer message or a lease of its own.
+//
+// The state test is wrapped in IS TRUE so the planner cannot match it to a
+// partial index's predicate: it answered a requeue of two items with a scan
+// of outbox_items_pending_due_idx, reading the whole pending backlog (100k
+// rows, 189 ms in a review's reproduction) — on failure paths, when the
+// backlog is largest. Written this way it is one primary-key lookup per item.
 const requeueSQL = `
 UPDATE outbox_items o SET next_attempt_at = least(o.next_attempt_at, coalesce($3::timestamptz, now()))
 FROM unnest($1::bigint[], $2::int[]) AS r(id, dispatch)
-WHERE o.id = r.id AND o.dispatch = r.dispatch AND o.state = 'pending' AND o.published_dispatch < o.dispatch`
+WHERE o.id = r.id AND o.dispatch = r.dispatch AND (o.state = 'pending' AND o.published_dispatch < o.dispatch) IS TRUE`
 
 // requeue hands items that were handed to this process (no JetStream
 // message) and that it cannot claim back to the relay, due now (now is the

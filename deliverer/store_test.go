@@ -542,4 +542,88 @@ func TestHandOff(t *testing.T) {
 	if err != nil || len(handed[0]) != 1 || handed[0][0] != next(msg(k)) {
 		t.Fatalf("the next take: %+v %v", handed, err)
 	}
+
+	// A key-share lock (a foreign-key check: an attempt, a usage event or a
+	// recovery action naming the item) does not make the take skip it.
+	m := f.stage("event:m")
+	rn := f.claim(f.stage("event:n"), later)
+	if rn.Verdict != verdictClaimed {
+		t.Fatal(rn.Verdict)
+	}
+	if ok, err := handOff(ctx, f.pool, &later, want, []outbox.Message{msg(m)}, 10); err != nil || !ok {
+		t.Fatalf("hand-off: %v %v", ok, err)
+	}
+	tx2, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx2.Rollback(ctx)
+	if _, err := tx2.Exec(ctx, `SELECT 1 FROM outbox_items WHERE id = $1 FOR KEY SHARE`, m.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, handed, err = recordOutcomes(ctx, f.pool, &later, []record{{Item: rn.Item, Outcome: OutcomeAccepted}}, 100, lease)
+	if err != nil || len(handed[0]) != 1 || handed[0][0] != next(msg(m)) {
+		t.Fatalf("a key-share lock must not make the take skip: %+v %v", handed, err)
+	}
+	_ = tx2.Rollback(ctx)
+
+	// An entry naming an item of the outcome write itself (a handed copy of
+	// an item being recorded) or no item at all is dropped, never taken.
+	p := f.stage("event:p")
+	rp := f.claim(p, later)
+	if rp.Verdict != verdictClaimed {
+		t.Fatal(rp.Verdict)
+	}
+	if ok, err := handOff(ctx, f.pool, &later, want, []outbox.Message{msg(p), {ItemID: 1 << 40, Key: p.IdempotencyKey, Dispatch: 1}}, 10); err != nil || !ok {
+		t.Fatalf("hand-off: %v %v", ok, err)
+	}
+	// Recorded late, past its lease (nobody took it over): the entry names
+	// an expired lease, which the take would otherwise give a new dispatch
+	// in the statement that records it.
+	late2 := later.Add(2 * lease)
+	errs, handed, err = recordOutcomes(ctx, f.pool, &late2, []record{{Item: rp.Item, Outcome: OutcomeAccepted}}, 100, lease)
+	if err != nil || errs[0] != nil || len(handed[0]) != 0 {
+		t.Fatalf("own item and missing item: %v %+v %v", errs, handed, err)
+	}
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM delivery_slot_waiting`).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("left waiting: %d %v", left, err)
+	}
+	if got := f.get(p.ID); got.State != outbox.StateAccepted || got.Dispatch != p.Dispatch {
+		t.Fatalf("recorded item: %+v", got)
+	}
+}
+
+// TestHandedClaimOfLockedItem: a handed claim does not wait for
+// next_attempt_at (the take set it one lease ahead), so a pending item it
+// does not get was locked by someone else: verdict locked (retried within
+// milliseconds), not not_due (requeued through the relay).
+func TestHandedClaimOfLockedItem(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newStore(t)
+	x := f.stage("event:x")
+	f.exec(`UPDATE outbox_items SET dispatch = 2, next_attempt_at = $2::timestamptz + interval '1 minute' WHERE id = $1`, x.ID, f.now)
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM outbox_items WHERE id = $1 FOR UPDATE`, x.ID); err != nil {
+		t.Fatal(err)
+	}
+	p := claimParams{Now: &f.now, ItemID: x.ID, Dispatch: 2, Exporter: x.Exporter, Key: x.IdempotencyKey, Lease: time.Minute, Handed: true}
+	if r, err := claimItem(ctx, f.pool, p); err != nil || r.Verdict != verdictLocked {
+		t.Fatalf("locked handed item: %v %v", r.Verdict, err)
+	}
+	p.Handed = false
+	if r, err := claimItem(ctx, f.pool, p); err != nil || r.Verdict != verdictNotDue {
+		t.Fatalf("the same row by a message: %v %v", r.Verdict, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.Handed = true
+	if r, err := claimItem(ctx, f.pool, p); err != nil || r.Verdict != verdictClaimed {
+		t.Fatalf("unlocked handed item: %v %v", r.Verdict, err)
+	}
 }

@@ -24,12 +24,22 @@
 -- moved on (delivered, leased by a live holder, re-dispatched meanwhile)
 -- are dropped from the list: another message or lease owns them.
 --
--- The items are locked FOR UPDATE SKIP LOCKED: the caller (the outcome
--- write) holds the slot's lock, and a claim holding an item's lock may be
--- waiting for that slot, so waiting here could deadlock. An entry whose
--- item someone else has locked stays in the list for the slot's next take
--- (the locker — a claim, the relay, the sweep — decides the item meanwhile,
--- and a take after that drops or takes the entry).
+-- The items are locked FOR NO KEY UPDATE SKIP LOCKED: the caller (the
+-- outcome write) holds the slot's lock, and a claim holding an item's lock
+-- may be waiting for that slot, so waiting here could deadlock. NO KEY: the
+-- key-share locks of foreign-key checks (an attempt, usage event or
+-- recovery action naming the item) do not make the take skip it. An entry
+-- whose item someone else has locked stays in the list for the slot's next
+-- take: the lockers that matter — a claim, the relay, the sweep — decide
+-- the item meanwhile (lease it, publish it, re-dispatch it), and a take
+-- after that drops the entry. An entry skipped for another reason (an
+-- operator's refused action holding the row) whose slot sees no further
+-- take waits for the relay's re-dispatch sweep: a delay, never a loss.
+--
+-- skip names the items the calling outcome write records: their entries
+-- (a handed copy of an item being recorded) are dropped, never taken — the
+-- write's own update of those rows and an update here must not meet in one
+-- statement. An entry whose item does not exist is dropped too.
 --
 -- The waiting rows carry the item and dispatch in columns (the message is
 -- the same JSON the deliverer decodes); rows written by an older deliverer
@@ -42,7 +52,7 @@
 ALTER TABLE delivery_slot_waiting ADD COLUMN item_id bigint, ADD COLUMN dispatch integer;
 
 -- +goose StatementBegin
-CREATE FUNCTION aurora_take_handed(acct text, cust text, meter text, lim integer, lease interval, at timestamptz)
+CREATE FUNCTION aurora_take_handed(acct text, cust text, meter text, lim integer, lease interval, at timestamptz, skip bigint[])
 RETURNS bytea[] LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     taken bytea[];
@@ -64,11 +74,12 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT o.id, o.dispatch, o.state, o.lease_expires_at FROM outbox_items o
             WHERE o.id = x.item_id
-            FOR UPDATE SKIP LOCKED
+            FOR NO KEY UPDATE SKIP LOCKED
         ) o
     ), eligible AS MATERIALIZED (
         SELECT l.id FROM locked l
         WHERE (l.state = 'pending' OR (l.state = 'leased' AND l.lease_expires_at < at))
+          AND l.id <> ALL (coalesce(skip, '{}'))
           AND EXISTS (SELECT 1 FROM w WHERE w.item_id = l.id AND w.dispatch = l.dispatch)
     ), bumped AS (
         -- By id, not by the locked row's address: an UPDATE reaches the
@@ -79,9 +90,13 @@ BEGIN
         WHERE o.id = ANY (ARRAY(SELECT id FROM eligible))
         RETURNING o.id, o.dispatch
     ), gone AS (
-        -- Taken (bumped) or moved on (locked here, not eligible): off the list.
+        -- Taken (bumped), moved on (locked here, not eligible) or naming
+        -- no item: off the list.
         DELETE FROM delivery_slot_waiting d
-        WHERE d.ctid = ANY (ARRAY(SELECT w.wtid FROM w WHERE w.item_id IN (SELECT id FROM locked)))
+        WHERE d.ctid = ANY (ARRAY(
+            SELECT w.wtid FROM w
+            WHERE w.item_id IN (SELECT id FROM locked)
+               OR NOT EXISTS (SELECT 1 FROM outbox_items o WHERE o.id = w.item_id)))
     )
     SELECT coalesce(array_agg(convert_to(jsonb_set(convert_from(w.message, 'UTF8')::jsonb, '{dispatch}', to_jsonb(b.dispatch))::text, 'UTF8')
                               ORDER BY w.seq), '{}')
@@ -93,5 +108,5 @@ $$;
 -- +goose StatementEnd
 
 -- +goose Down
-DROP FUNCTION aurora_take_handed(text, text, text, integer, interval, timestamptz);
+DROP FUNCTION aurora_take_handed(text, text, text, integer, interval, timestamptz, bigint[]);
 ALTER TABLE delivery_slot_waiting DROP COLUMN item_id, DROP COLUMN dispatch;
