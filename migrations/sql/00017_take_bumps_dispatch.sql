@@ -46,7 +46,11 @@
 -- have them only in the message, read from there.
 --
 -- aurora_take_waiting stays for deliverers not yet upgraded (their handed
--- claim still bumps the dispatch itself); a later migration drops it.
+-- claim still bumps the dispatch itself); a later migration drops it. While
+-- old and new deliverers run side by side, an item a new one hands to an old
+-- holder can wait up to one lease (the old claim does not take an item
+-- before its next_attempt_at): upgrade the deliverers together when that
+-- matters.
 
 -- +goose Up
 ALTER TABLE delivery_slot_waiting ADD COLUMN item_id bigint, ADD COLUMN dispatch integer;
