@@ -412,6 +412,91 @@ func TestTakenItemsPublishedWhenTakerDies(t *testing.T) {
 	}
 }
 
+// TestOrphanedHandOffsPublishedByRelay: items handed off to a slot whose
+// holder then freed it without taking them (its take skipped them: another
+// transaction held the rows) have nobody coming for them. The relay's sweep
+// takes such entries once they are older than its orphan age, gives the
+// items a new dispatch due now and publishes them — instead of leaving them
+// to the 300 s re-dispatch sweep — and a deliverer delivers each once.
+func TestOrphanedHandOffsPublishedByRelay(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stripeemulator.Faults{})
+	now := h.clk.Now()
+	x := h.stage(h.item("org_1", "event:orphan-holder", 1))
+	h.exec(`UPDATE outbox_items SET state = 'leased', lease_token = 1, attempts = 1, first_attempt_at = $2::timestamptz,
+		lease_expires_at = $2::timestamptz + interval '60 seconds', leased_at = $2::timestamptz WHERE id = $1`, x.ID, now)
+	h.exec(`INSERT INTO delivery_slots (destination_account, stripe_customer, meter_id, item_id, lease_token, expires_at)
+		VALUES ($1, $2, $3, $4, 1, $5::timestamptz + interval '60 seconds')`, acct, customer, h.meter.ID, x.ID, now)
+	r := h.start(testConfig())
+	var ys []outbox.Row
+	for i := range 2 {
+		row := h.stage(h.item("org_1", fmt.Sprintf("event:orphan%d", i), 1))
+		ys = append(ys, row)
+		h.publish(row.ID)
+		h.exec(`UPDATE outbox_items SET published_dispatch = dispatch, published_at = $2::timestamptz WHERE id = $1`, row.ID, now)
+	}
+	h.await("two items handed to the slot", func() bool {
+		return skipped(r.reg, "handed_off") == 2 && h.pending() == 0
+	})
+	// The holder records and frees the slot, but its take skipped the two
+	// entries: they stay, on a free slot.
+	h.exec(`UPDATE outbox_items SET state = 'accepted', lease_expires_at = NULL WHERE id = $1`, x.ID)
+	h.exec(`UPDATE delivery_slots SET item_id = NULL, lease_token = 0, expires_at = '-infinity'`)
+
+	reg := prometheus.NewRegistry()
+	rc := relay.DefaultConfig()
+	rc.PollMS = 20
+	rc.RedispatchScanMS = 20
+	rl, err := relay.New(h.pool, h.js, rc, relay.WithClock(h.clk), relay.WithLogger(quietLogger()), relay.WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rl.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	time.Sleep(100 * time.Millisecond) // sweeps run: the entries are not old enough yet
+	for _, y := range ys {
+		if got := h.get(y.ID); got.Dispatch != y.Dispatch || got.State != outbox.StatePending {
+			t.Fatalf("item %d moved before its entry was orphaned: %+v", y.ID, got)
+		}
+	}
+	h.clk.Set(now.Add(11 * time.Second)) // past the relay's orphan age (10 s), far from the 300 s sweep
+	for _, y := range ys {
+		got := h.awaitState(y.ID, outbox.StateAccepted)
+		if got.Dispatch != y.Dispatch+1 {
+			t.Errorf("item %d delivered at dispatch %d, want %d", y.ID, got.Dispatch, y.Dispatch+1)
+		}
+		if as := h.attempts(y.ID); len(as) != 1 {
+			t.Errorf("item %d: attempts %v", y.ID, outcomes(as))
+		}
+	}
+	if got := counter(reg, "aurora_relay_handoff_orphans_total"); got != 2 {
+		t.Fatalf("orphans counted %v, want 2", got)
+	}
+	if got := counter(reg, "aurora_relay_redispatched_total"); got != 0 {
+		t.Fatalf("re-dispatch sweep bumped %v rows, want 0", got)
+	}
+	var left int
+	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM delivery_slot_waiting`).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("entries left: %d %v", left, err)
+	}
+	if len(h.emu.Applied()) != 2 || len(h.emu.DuplicateApplications()) != 0 {
+		t.Fatalf("applied %d, duplicates %d", len(h.emu.Applied()), len(h.emu.DuplicateApplications()))
+	}
+}
+
+// counter reads an unlabelled counter from reg (0 when absent).
+func counter(reg *prometheus.Registry, name string) float64 {
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
 // TestHandOffInheritedAfterHolderDies: the slot's holder died mid-call (its
 // lease and slot are live, nobody will record for it). A replica hands the
 // customer's other items to that slot and acks their messages. Once the

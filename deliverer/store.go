@@ -603,8 +603,8 @@ WITH slot AS MATERIALIZED (
       AND s.item_id IS NOT NULL AND s.expires_at >= coalesce($5::timestamptz, now())
     FOR KEY SHARE
 )
-INSERT INTO delivery_slot_waiting (destination_account, stripe_customer, meter_id, message, item_id, dispatch)
-SELECT $1, $2, $3, w.m, w.id, w.d FROM unnest($4::bytea[], $7::bigint[], $8::int[]) AS w(m, id, d)
+INSERT INTO delivery_slot_waiting (destination_account, stripe_customer, meter_id, message, item_id, dispatch, handed_at)
+SELECT $1, $2, $3, w.m, w.id, w.d, coalesce($5::timestamptz, now()) FROM unnest($4::bytea[], $7::bigint[], $8::int[]) AS w(m, id, d)
 WHERE EXISTS (SELECT 1 FROM slot)
   AND (SELECT count(*) FROM delivery_slot_waiting w
        WHERE w.destination_account = $1 AND w.stripe_customer = $2 AND w.meter_id = $3) + cardinality($4::bytea[]) <= $6`

@@ -34,7 +34,8 @@
 -- the item meanwhile (lease it, publish it, re-dispatch it), and a take
 -- after that drops the entry. An entry skipped for another reason (an
 -- operator's refused action holding the row) whose slot sees no further
--- take waits for the relay's re-dispatch sweep: a delay, never a loss.
+-- take is taken by the relay's sweep, with this function at a lease of
+-- zero, once no live holder is left on the slot (relay/sweep.go).
 --
 -- skip names the items the calling outcome write records: their entries
 -- (a handed copy of an item being recorded) are dropped, never taken — the
