@@ -182,8 +182,8 @@ const (
 // parse are left for the configuration check to name.
 func shortenBackoff(env map[string]string) {
 	const baseVar, capVar = "AURORA_OUTBOX_BACKOFF_BASE_SECONDS", "AURORA_OUTBOX_BACKOFF_CAP_SECONDS"
-	base, baseSet := env[baseVar]
-	cap_, capSet := env[capVar]
+	base, cap_ := env[baseVar], env[capVar]
+	baseSet, capSet := base != "", cap_ != "" // empty counts as unset, as for every variable
 	switch {
 	case !baseSet && !capSet:
 		env[baseVar], env[capVar] = strconv.Itoa(demoBackoffBase), strconv.Itoa(demoBackoffCap)

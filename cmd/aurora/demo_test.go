@@ -62,6 +62,7 @@ func TestShortenBackoff(t *testing.T) {
 		{"cap above the demo base", map[string]string{c: "60"}, "1", "60"},
 		{"both set: untouched", map[string]string{b: "7", c: "9"}, "7", "9"},
 		{"unparsable base: left for the check", map[string]string{b: "x"}, "x", "10"},
+		{"empty counts as unset", map[string]string{b: "", c: ""}, "1", "10"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			shortenBackoff(tc.in)
