@@ -150,9 +150,12 @@ func (r *Relay) takeOrphans(ctx context.Context) (int, error) {
 // takes orphaned hand-off entries (takeOrphans), wakes the workers when it
 // bumped any, and returns how many rows it bumped in all.
 func (r *Relay) sweep(ctx context.Context) (int, error) {
+	// Independent of the re-dispatch below: a failure here is logged and
+	// counted, and the re-dispatch still runs.
 	total, err := r.takeOrphans(ctx)
-	if err != nil {
-		return 0, err
+	if err != nil && ctx.Err() == nil {
+		r.m.batchErrors.Inc()
+		r.log.Warn("relay: taking orphaned hand-offs failed", "err", err)
 	}
 	for {
 		rows, err := r.pool.Query(ctx, redispatchSQL, r.clk.Override(), r.cfg.RedispatchSeconds, sweepLimit)
