@@ -347,22 +347,10 @@ func TestTakenItemsPublishedWhenTakerDies(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, stripeemulator.Faults{})
 	now := h.clk.Now()
-	x := h.stage(h.item("org_1", "event:taker", 1))
-	h.exec(`UPDATE outbox_items SET state = 'leased', lease_token = 1, attempts = 1, first_attempt_at = $2::timestamptz,
-		lease_expires_at = $2::timestamptz + interval '60 seconds', leased_at = $2::timestamptz WHERE id = $1`, x.ID, now)
-	h.exec(`INSERT INTO delivery_slots (destination_account, stripe_customer, meter_id, item_id, lease_token, expires_at)
-		VALUES ($1, $2, $3, $4, 1, $5::timestamptz + interval '60 seconds')`, acct, customer, h.meter.ID, x.ID, now)
+	x := h.holdSlot("event:taker", now)
 	cfg := testConfig()
 	r := h.start(cfg)
-	var ys []outbox.Row
-	for i := range 3 {
-		row := h.stage(h.item("org_1", fmt.Sprintf("event:taken%d", i), 1))
-		ys = append(ys, row)
-		h.publish(row.ID)
-		// as the relay records it: without a new dispatch, only the
-		// re-dispatch sweep would publish this item again
-		h.exec(`UPDATE outbox_items SET published_dispatch = dispatch, published_at = $2::timestamptz WHERE id = $1`, row.ID, now)
-	}
+	ys := h.stagePublished(3, "event:taken", now)
 	h.await("three items handed to the holder's slot", func() bool {
 		return skipped(r.reg, "handed_off") == 3 && h.pending() == 0
 	})
@@ -383,14 +371,7 @@ func TestTakenItemsPublishedWhenTakerDies(t *testing.T) {
 	}
 	rc := relay.DefaultConfig()
 	rc.PollMS = 20
-	rl, err := relay.New(h.pool, h.js, rc, relay.WithClock(h.clk), relay.WithLogger(quietLogger()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rl.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	h.runRelay(rc)
 	time.Sleep(100 * time.Millisecond) // a few relay polls: nothing is due yet
 	for _, y := range ys {
 		if got := h.get(y.ID); got.PublishedDispatch != y.Dispatch || got.State != outbox.StatePending {
@@ -422,19 +403,9 @@ func TestOrphanedHandOffsPublishedByRelay(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, stripeemulator.Faults{})
 	now := h.clk.Now()
-	x := h.stage(h.item("org_1", "event:orphan-holder", 1))
-	h.exec(`UPDATE outbox_items SET state = 'leased', lease_token = 1, attempts = 1, first_attempt_at = $2::timestamptz,
-		lease_expires_at = $2::timestamptz + interval '60 seconds', leased_at = $2::timestamptz WHERE id = $1`, x.ID, now)
-	h.exec(`INSERT INTO delivery_slots (destination_account, stripe_customer, meter_id, item_id, lease_token, expires_at)
-		VALUES ($1, $2, $3, $4, 1, $5::timestamptz + interval '60 seconds')`, acct, customer, h.meter.ID, x.ID, now)
+	x := h.holdSlot("event:orphan-holder", now)
 	r := h.start(testConfig())
-	var ys []outbox.Row
-	for i := range 2 {
-		row := h.stage(h.item("org_1", fmt.Sprintf("event:orphan%d", i), 1))
-		ys = append(ys, row)
-		h.publish(row.ID)
-		h.exec(`UPDATE outbox_items SET published_dispatch = dispatch, published_at = $2::timestamptz WHERE id = $1`, row.ID, now)
-	}
+	ys := h.stagePublished(2, "event:orphan", now)
 	h.await("two items handed to the slot", func() bool {
 		return skipped(r.reg, "handed_off") == 2 && h.pending() == 0
 	})
@@ -447,14 +418,7 @@ func TestOrphanedHandOffsPublishedByRelay(t *testing.T) {
 	rc := relay.DefaultConfig()
 	rc.PollMS = 20
 	rc.RedispatchScanMS = 20
-	rl, err := relay.New(h.pool, h.js, rc, relay.WithClock(h.clk), relay.WithLogger(quietLogger()), relay.WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rl.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	h.runRelay(rc, relay.WithRegistry(reg))
 	time.Sleep(100 * time.Millisecond) // sweeps run: the entries are not old enough yet
 	for _, y := range ys {
 		if got := h.get(y.ID); got.Dispatch != y.Dispatch || got.State != outbox.StatePending {
@@ -507,11 +471,7 @@ func TestHandOffInheritedAfterHolderDies(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, stripeemulator.Faults{})
 	now := h.clk.Now()
-	x := h.stage(h.item("org_1", "event:dead-holder", 1))
-	h.exec(`UPDATE outbox_items SET state = 'leased', lease_token = 1, attempts = 1, first_attempt_at = $2::timestamptz,
-		lease_expires_at = $2::timestamptz + interval '60 seconds', leased_at = $2::timestamptz WHERE id = $1`, x.ID, now)
-	h.exec(`INSERT INTO delivery_slots (destination_account, stripe_customer, meter_id, item_id, lease_token, expires_at)
-		VALUES ($1, $2, $3, $4, 1, $5::timestamptz + interval '60 seconds')`, acct, customer, h.meter.ID, x.ID, now)
+	x := h.holdSlot("event:dead-holder", now)
 	r := h.start(testConfig())
 	var ys []int64
 	for i := range 3 {

@@ -177,6 +177,49 @@ func (h *harness) publish(id int64) {
 	}
 }
 
+// holdSlot stages an item leased since at by a holder that will never
+// record (lease token 1, 60 s), holding the test customer's delivery slot
+// for as long: the set-up of the hand-off tests.
+func (h *harness) holdSlot(ref string, at time.Time) outbox.Row {
+	h.t.Helper()
+	x := h.stage(h.item("org_1", ref, 1))
+	h.exec(`UPDATE outbox_items SET state = 'leased', lease_token = 1, attempts = 1, first_attempt_at = $2::timestamptz,
+		lease_expires_at = $2::timestamptz + interval '60 seconds', leased_at = $2::timestamptz WHERE id = $1`, x.ID, at)
+	h.exec(`INSERT INTO delivery_slots (destination_account, stripe_customer, meter_id, item_id, lease_token, expires_at)
+		VALUES ($1, $2, $3, $4, 1, $5::timestamptz + interval '60 seconds')`, acct, customer, h.meter.ID, x.ID, at)
+	return x
+}
+
+// stagePublished stages n items of org_1 (refs prefix0…) and publishes each
+// as the relay does, recording it published at at: without a new dispatch,
+// only the re-dispatch sweep would publish such an item again.
+func (h *harness) stagePublished(n int, prefix string, at time.Time) []outbox.Row {
+	h.t.Helper()
+	rows := make([]outbox.Row, 0, n)
+	for i := range n {
+		row := h.stage(h.item("org_1", fmt.Sprintf("%s%d", prefix, i), 1))
+		rows = append(rows, row)
+		h.publish(row.ID)
+		h.exec(`UPDATE outbox_items SET published_dispatch = dispatch, published_at = $2::timestamptz WHERE id = $1`, row.ID, at)
+	}
+	return rows
+}
+
+// runRelay runs a relay on the harness's pool, JetStream and clock until
+// the test ends.
+func (h *harness) runRelay(rc relay.Config, opts ...relay.Option) {
+	h.t.Helper()
+	opts = append([]relay.Option{relay.WithClock(h.clk), relay.WithLogger(quietLogger())}, opts...)
+	rl, err := relay.New(h.pool, h.js, rc, opts...)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rl.Run(ctx) }()
+	h.t.Cleanup(func() { cancel(); <-done })
+}
+
 // redispatch bumps the row's dispatch and publishes it (the relay's sweep of
 // an expired lease, or of a retry that became due).
 func (h *harness) redispatch(id int64) {

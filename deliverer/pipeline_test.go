@@ -1,7 +1,6 @@
 package deliverer_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 
@@ -23,14 +22,7 @@ func TestPipelineWithRelay(t *testing.T) {
 	rc := relay.DefaultConfig()
 	rc.PollMS = 20
 	rc.RedispatchScanMS = 20
-	rl, err := relay.New(h.pool, h.js, rc, relay.WithClock(h.clk), relay.WithLogger(quietLogger()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rl.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	h.runRelay(rc)
 
 	var rows []outbox.Row
 	for i := range 10 {

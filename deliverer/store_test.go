@@ -63,6 +63,27 @@ func (f *storeFixture) claim(row outbox.Row, at time.Time) claimResult {
 	return r
 }
 
+// lockItem locks the item's row in mode ("UPDATE", "KEY SHARE", …) from
+// another transaction, as a concurrent claim or foreign-key check would,
+// until release is called (or the test ends).
+func (f *storeFixture) lockItem(id int64, mode string) (release func()) {
+	f.t.Helper()
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM outbox_items WHERE id = $1 FOR `+mode, id); err != nil {
+		f.t.Fatal(err)
+	}
+	return func() {
+		if err := tx.Rollback(ctx); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
+
 func (f *storeFixture) get(id int64) outbox.Row {
 	f.t.Helper()
 	r, err := outbox.Get(context.Background(), f.pool, id)
@@ -516,14 +537,7 @@ func TestHandOff(t *testing.T) {
 	if ok, err := handOff(ctx, f.pool, &later, want, []outbox.Message{msg(k)}, 10); err != nil || !ok {
 		t.Fatalf("hand-off: %v %v", ok, err)
 	}
-	tx, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM outbox_items WHERE id = $1 FOR UPDATE`, k.ID); err != nil {
-		t.Fatal(err)
-	}
+	release := f.lockItem(k.ID, "UPDATE")
 	_, handed, err = recordOutcomes(ctx, f.pool, &later, []record{{Item: rg2.Item, Outcome: OutcomeAccepted}}, 100, lease)
 	if err != nil || len(handed[0]) != 0 {
 		t.Fatalf("a locked item must be skipped: %+v %v", handed, err)
@@ -531,9 +545,7 @@ func TestHandOff(t *testing.T) {
 	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM delivery_slot_waiting`).Scan(&left); err != nil || left != 1 {
 		t.Fatalf("the locked item's entry must stay: %d %v", left, err)
 	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	rl := f.claim(f.stage("event:l"), later)
 	if rl.Verdict != verdictClaimed {
 		t.Fatal(rl.Verdict)
@@ -553,19 +565,12 @@ func TestHandOff(t *testing.T) {
 	if ok, err := handOff(ctx, f.pool, &later, want, []outbox.Message{msg(m)}, 10); err != nil || !ok {
 		t.Fatalf("hand-off: %v %v", ok, err)
 	}
-	tx2, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx2.Rollback(ctx)
-	if _, err := tx2.Exec(ctx, `SELECT 1 FROM outbox_items WHERE id = $1 FOR KEY SHARE`, m.ID); err != nil {
-		t.Fatal(err)
-	}
+	release = f.lockItem(m.ID, "KEY SHARE")
 	_, handed, err = recordOutcomes(ctx, f.pool, &later, []record{{Item: rn.Item, Outcome: OutcomeAccepted}}, 100, lease)
 	if err != nil || len(handed[0]) != 1 || handed[0][0] != next(msg(m)) {
 		t.Fatalf("a key-share lock must not make the take skip: %+v %v", handed, err)
 	}
-	_ = tx2.Rollback(ctx)
+	release()
 
 	// An entry naming an item of the outcome write itself (a handed copy of
 	// an item being recorded) or no item at all is dropped, never taken.
@@ -603,14 +608,7 @@ func TestHandedClaimOfLockedItem(t *testing.T) {
 	f := newStore(t)
 	x := f.stage("event:x")
 	f.exec(`UPDATE outbox_items SET dispatch = 2, next_attempt_at = $2::timestamptz + interval '1 minute' WHERE id = $1`, x.ID, f.now)
-	tx, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM outbox_items WHERE id = $1 FOR UPDATE`, x.ID); err != nil {
-		t.Fatal(err)
-	}
+	release := f.lockItem(x.ID, "UPDATE")
 	p := claimParams{Now: &f.now, ItemID: x.ID, Dispatch: 2, Exporter: x.Exporter, Key: x.IdempotencyKey, Lease: time.Minute, Handed: true}
 	if r, err := claimItem(ctx, f.pool, p); err != nil || r.Verdict != verdictLocked {
 		t.Fatalf("locked handed item: %v %v", r.Verdict, err)
@@ -619,9 +617,7 @@ func TestHandedClaimOfLockedItem(t *testing.T) {
 	if r, err := claimItem(ctx, f.pool, p); err != nil || r.Verdict != verdictNotDue {
 		t.Fatalf("the same row by a message: %v %v", r.Verdict, err)
 	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	p.Handed = true
 	if r, err := claimItem(ctx, f.pool, p); err != nil || r.Verdict != verdictClaimed {
 		t.Fatalf("unlocked handed item: %v %v", r.Verdict, err)
