@@ -94,8 +94,13 @@ func (r *Relay) sweepLoop(ctx context.Context) {
 // nobody coming for it.
 const orphanAge = 10 * time.Second
 
-// orphanSlots bounds the slots one sweep takes orphaned entries of.
-const orphanSlots = 100
+// orphanSlots bounds the slots one sweep takes orphaned entries of, and
+// orphanPerSlot the entries it takes per slot (a slot's whole list: the
+// deliverers never let more than 1,000 wait for one slot).
+const (
+	orphanSlots   = 100
+	orphanPerSlot = 1000
+)
 
 // takeOrphansSQL takes the hand-off entries (migration 00015) that no live
 // holder will take — older than $2 seconds, on a delivery slot that is free
@@ -127,7 +132,7 @@ WITH s AS MATERIALIZED (
 		FOR UPDATE SKIP LOCKED
 	) d
 )
-SELECT coalesce(sum(cardinality(aurora_take_handed(destination_account, stripe_customer, meter_id, 1000,
+SELECT coalesce(sum(cardinality(aurora_take_handed(destination_account, stripe_customer, meter_id, $4,
 	'0 seconds'::interval, coalesce($1::timestamptz, now()), NULL))), 0)::bigint
 FROM free`
 
@@ -135,7 +140,7 @@ FROM free`
 // a new dispatch.
 func (r *Relay) takeOrphans(ctx context.Context) (int, error) {
 	var n int64
-	if err := r.pool.QueryRow(ctx, takeOrphansSQL, r.clk.Override(), orphanAge.Seconds(), orphanSlots).Scan(&n); err != nil {
+	if err := r.pool.QueryRow(ctx, takeOrphansSQL, r.clk.Override(), orphanAge.Seconds(), orphanSlots, orphanPerSlot).Scan(&n); err != nil {
 		return 0, fmt.Errorf("relay: orphaned hand-offs: %w", err)
 	}
 	if n > 0 {
