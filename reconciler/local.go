@@ -236,7 +236,7 @@ func driftFinding(d Drift) Finding {
 		Fingerprint: fmt.Sprintf("%s|%s|%s|%s|%s|%s", KindLocalDrift, d.Rule, d.Tenant, d.Feature, p.Format(time.RFC3339), d.Subject),
 		Tenant:      d.Tenant, Feature: d.Feature, PeriodStart: &p,
 		Expected: &exp, Observed: &obs,
-		Detail: fmt.Sprintf("%s: the ledger claims %d reported against a counter of %d (%s)", d.Rule, d.Reported, d.Counter, d.Subject),
+		Detail:  fmt.Sprintf("%s: the ledger claims %d reported against a counter of %d (%s)", d.Rule, d.Reported, d.Counter, d.Subject),
 		ItemIDs: d.ItemIDs,
 	}
 }

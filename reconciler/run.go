@@ -99,11 +99,11 @@ type run struct {
 
 // windowRow is a reconciliation_windows row to write.
 type windowRow struct {
-	Customer, MeterID  string
-	Start, End         time.Time
-	Committed          int64
-	Observed           *float64
-	Settled, Matched   bool
+	Customer, MeterID string
+	Start, End        time.Time
+	Committed         int64
+	Observed          *float64
+	Settled, Matched  bool
 }
 
 // Run is one provider reconciliation (seed 000, "Provider findings"): the
@@ -451,7 +451,7 @@ func (ru *run) reversals(ctx context.Context) error {
 		ru.findings = append(ru.findings, Finding{
 			Kind: KindReversalWithoutGrant, Fingerprint: fmt.Sprintf("%s|%d", KindReversalWithoutGrant, id),
 			Tenant: tenant, Feature: feature, Account: ru.r.opts.Account, PeriodStart: &p, Expected: &exp, Observed: &zero,
-			Detail: fmt.Sprintf("a reversal of %d that Stripe cannot carry (quarantined negative_quantity): the customer is owed a credit; grant it (e.g. a credit note) and resolve with its reference", -qty),
+			Detail:  fmt.Sprintf("a reversal of %d that Stripe cannot carry (quarantined negative_quantity): the customer is owed a credit; grant it (e.g. a credit note) and resolve with its reference", -qty),
 			ItemIDs: []int64{id},
 		})
 		return nil

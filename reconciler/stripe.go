@@ -134,12 +134,12 @@ func (p *StripeProvider) EventSummaries(ctx context.Context, meterID, customer s
 // coreEventJSON is a v2 event as /v2/core/events/{id} answers it.
 type coreEventJSON struct {
 	stripe.APIResource
-	ID            string          `json:"id"`
-	Object        string          `json:"object"`
-	Type          string          `json:"type"`
-	Created       time.Time       `json:"created"`
+	ID            string               `json:"id"`
+	Object        string               `json:"object"`
+	Type          string               `json:"type"`
+	Created       time.Time            `json:"created"`
 	RelatedObject *struct{ ID string } `json:"related_object"`
-	Data          json.RawMessage `json:"data"`
+	Data          json.RawMessage      `json:"data"`
 }
 
 // CoreEvent implements Provider.

@@ -5,6 +5,7 @@
 //	aurora stripe-emulator  a local Stripe meter-events emulator
 //	aurora inbox            the Stripe webhook inbox and its worker
 //	aurora reconciler       reconcile the ledger with Stripe, confirm what it shows
+//	aurora gauges           the database-derived gauges operators watch (one replica)
 //	aurora demo             the whole export pipeline on real usage
 //	aurora migrate          apply the schema (same as auroractl migrate up)
 //
@@ -47,6 +48,7 @@ func run(ctx context.Context, args []string) int {
 		newDemoCmd(),
 		// subcommands: add one line each, below this marker
 		newDelivererCmd(),
+		newGaugesCmd(),
 		newRelayCmd(),
 		newReporterCmd(),
 		newInboxCmd(),
