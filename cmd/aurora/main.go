@@ -4,6 +4,7 @@
 //	aurora deliverer        claim, send to Stripe, record outcomes
 //	aurora stripe-emulator  a local Stripe meter-events emulator
 //	aurora inbox            the Stripe webhook inbox and its worker
+//	aurora gauges           the database-derived gauges operators watch (one replica)
 //	aurora demo             the whole export pipeline on real usage
 //	aurora migrate          apply the schema (same as auroractl migrate up)
 //
@@ -46,6 +47,7 @@ func run(ctx context.Context, args []string) int {
 		newDemoCmd(),
 		// subcommands: add one line each, below this marker
 		newDelivererCmd(),
+		newGaugesCmd(),
 		newRelayCmd(),
 		newReporterCmd(),
 		newInboxCmd(),
