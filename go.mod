@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/aurora-billing/aurora/inbox v0.0.0
 	github.com/aurora-billing/aurora/migrations v0.0.0
+	github.com/aurora-billing/aurora/reconciler v0.0.0
 	github.com/aurora-billing/aurora/shared v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/jackc/pgxlisten v0.0.0-20250802141604-12b92425684c
@@ -51,5 +52,6 @@ require (
 replace (
 	github.com/aurora-billing/aurora/inbox => ./inbox
 	github.com/aurora-billing/aurora/migrations => ./migrations
+	github.com/aurora-billing/aurora/reconciler => ./reconciler
 	github.com/aurora-billing/aurora/shared => ./shared
 )
