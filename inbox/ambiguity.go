@@ -68,7 +68,7 @@ func (k ambiguityKey) reason() Reason {
 	return ReasonAmbiguousInvoiceOrder
 }
 
-// Prior snapshots, stored as jsonb on the projection rows (migration 00101).
+// Prior snapshots, stored as jsonb on the projection rows (migration 00210_inbox_ambiguities).
 type (
 	subscriptionPrior struct {
 		Row         *subscriptionRow        `json:"row"`
