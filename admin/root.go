@@ -67,6 +67,9 @@ func NewRootCmd(streams IO) *cobra.Command {
 		return errValidated
 	}
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		if err := checkFlags(cmd); err != nil {
+			return err
+		}
 		if validate {
 			return check(cmd)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/big"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -162,10 +163,10 @@ type Emulator struct {
 	idemQueue []idemQueued
 
 	inflight     map[pairKey]int
-	inflightN    int                // sum of inflight
-	executingN   int                // idem entries running
-	cancelledN   int                // applied events cancelled
-	totals       map[string]float64 // AppliedTotals, kept as events apply and cancel
+	inflightN    int                 // sum of inflight
+	executingN   int                 // idem entries running
+	cancelledN   int                 // applied events cancelled
+	totals       map[string]*big.Rat // AppliedTotals, kept exactly as events apply and cancel
 	overlaps     int
 	overlapsPair map[pairKey]int
 
@@ -217,7 +218,7 @@ func New(cfg Config) (*Emulator, error) {
 		byPair:       map[pairKey][]int{},
 		idem:         map[[32]byte]*idemEntry{},
 		inflight:     map[pairKey]int{},
-		totals:       map[string]float64{},
+		totals:       map[string]*big.Rat{},
 		overlapsPair: map[pairKey]int{},
 		scripts:      map[string][]Answer{},
 		counts:       map[Outcome]int{},

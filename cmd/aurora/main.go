@@ -4,6 +4,8 @@
 //	aurora deliverer        claim, send to Stripe, record outcomes
 //	aurora stripe-emulator  a local Stripe meter-events emulator
 //	aurora inbox            the Stripe webhook inbox and its worker
+//	aurora reconciler       reconcile the ledger with Stripe, confirm what it shows
+//	aurora gauges           the database-derived gauges operators watch (one replica)
 //	aurora demo             the whole export pipeline on real usage
 //	aurora migrate          apply the schema (same as auroractl migrate up)
 //
@@ -46,9 +48,11 @@ func run(ctx context.Context, args []string) int {
 		newDemoCmd(),
 		// subcommands: add one line each, below this marker
 		newDelivererCmd(),
+		newGaugesCmd(),
 		newRelayCmd(),
 		newReporterCmd(),
 		newInboxCmd(),
+		newReconcilerCmd(),
 		newStripeEmulatorCmd(),
 	)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
