@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// The SQLSTATEs of the SQL API (migration 00050: aurora.record_usage and
+// The SQLSTATEs of the SQL API (the record_usage_sql_api migration: aurora.record_usage and
 // aurora.record_usage_correction), one per refusal. Each names the Go error
 // the same input gets from Gate.Record; FromSQL maps them back.
 const (

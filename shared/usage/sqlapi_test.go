@@ -98,6 +98,7 @@ func TestSQLAPIRefusesAsTheGoRecorder(t *testing.T) {
 	cases := []struct {
 		name   string
 		setup  func(context.Context, pgx.Tx) error
+		cfg    *usage.SQLSettings // nil = sqlSettings
 		in     usage.Event
 		expect string // the refusal both must give ("" = recorded)
 	}{
@@ -119,8 +120,30 @@ func TestSQLAPIRefusesAsTheGoRecorder(t *testing.T) {
 		{name: "zero time", in: with(ev("e1", 3), func(e *usage.Event) { e.OccurredAt = time.Time{} }), expect: "invalid_event:occurred_at"},
 		{name: "negative event", in: ev("e1", -1), expect: "invalid_event:quantity"},
 		{name: "correction of itself", in: corr("e1", "e1", 1), expect: "invalid_event:corrects_event_id"},
-		{name: "tenant over 1024 bytes", in: with(ev("e1", 3), func(e *usage.Event) { e.Tenant = strings.Repeat("t", 1025) }), expect: "invalid_item:tenant"},
-		{name: "event id making subject_ref over 1024 bytes", in: ev(strings.Repeat("e", 1020), 3), expect: "invalid_item:subject_ref"},
+		{name: "tenant of 255 bytes", in: with(ev("e1", 3), func(e *usage.Event) { e.Tenant = strings.Repeat("t", 255) })},
+		{name: "tenant over 255 bytes", in: with(ev("e1", 3), func(e *usage.Event) { e.Tenant = strings.Repeat("é", 128) }), expect: "invalid_event:tenant"},
+		{name: "event id over 255 bytes", in: ev(strings.Repeat("e", 256), 3), expect: "invalid_event:event_id"},
+		{name: "tenant with a control character", in: with(ev("e1", 3), func(e *usage.Event) { e.Tenant = "org\x1b[31m" }), expect: "invalid_event:tenant"},
+		{name: "tenant with a C1 control", in: with(ev("e1", 3), func(e *usage.Event) { e.Tenant = "org\u0085x" }), expect: "invalid_event:tenant"},
+		{name: "event id with U+FFFD", in: ev("e\ufffd1", 3), expect: "invalid_event:event_id"},
+		{name: "event id with a tab", in: ev("e\t1", 3), expect: "invalid_event:event_id"},
+		{name: "feature with a space", in: with(ev("e1", 3), func(e *usage.Event) { e.Feature = "api calls" }), expect: "invalid_event:feature"},
+		{name: "blank feature", in: with(ev("e1", 3), func(e *usage.Event) { e.Feature = " " }), expect: "invalid_event:feature"},
+		{name: "feature starting with a dot", in: with(ev("e1", 3), func(e *usage.Event) { e.Feature = ".api" }), expect: "invalid_event:feature"},
+		{name: "feature of 101 bytes", in: with(ev("e1", 3), func(e *usage.Event) { e.Feature = strings.Repeat("f", 101) }), expect: "invalid_event:feature"},
+		{name: "quantity of 15 digits", in: ev("e1", 999_999_999_999_999)},
+		{name: "quantity of 16 digits", in: ev("e1", 1_000_000_000_000_000), expect: "invalid_event:quantity"},
+		{name: "correction of 16 digits", in: corr("c1", "e1", -1_000_000_000_000_000), setup: prior(ev("e1", 3)), expect: "invalid_event:quantity"},
+		{name: "correction naming a control character", in: corr("c1", "e\n1", 1), expect: "invalid_event:corrects_event_id"},
+		{name: "destination account over 255 bytes", in: ev("e1", 3), expect: "invalid_item:destination_account",
+			cfg: &usage.SQLSettings{DestinationAccount: "acct_" + strings.Repeat("x", 251), Mode: identity.ModeTest, Period: usage.PeriodDay, Sources: sqlSettings.Sources}},
+		{name: "hourly periods", in: corr("c1", "e1", 1), expect: "invalid_event:occurred_at",
+			setup: exec(`INSERT INTO usage_events (tenant, event_id, kind, feature, quantity, occurred_at) VALUES ('org_1', 'e1', 'event', 'api_calls', 3, '2026-09-01T09:59:00Z')`),
+			cfg:   &usage.SQLSettings{DestinationAccount: "acct_1Test", Mode: identity.ModeTest, Period: usage.PeriodHour, Sources: sqlSettings.Sources}},
+		{name: "monthly periods", in: with(corr("c1", "e1", 1), func(e *usage.Event) { e.OccurredAt = day.AddDate(0, 0, 20) }),
+			setup: exec(`INSERT INTO usage_events (tenant, event_id, kind, feature, quantity, occurred_at) VALUES ('org_1', 'e1', 'event', 'api_calls', 3, '2026-09-01T09:59:00Z')`),
+			cfg:   &usage.SQLSettings{DestinationAccount: "acct_1Test", Mode: identity.ModeTest, Period: usage.PeriodMonth, Sources: sqlSettings.Sources}},
+		{name: "unicode tenant", in: with(ev("e1", 3), func(e *usage.Event) { e.Tenant = "組織_1" })},
 		{name: "same event again", in: ev("e1", 3), setup: prior(ev("e1", 3))},
 		{name: "event id reused with another quantity", in: ev("e1", 4), setup: prior(ev("e1", 3)), expect: "event_conflict"},
 		{name: "event id reused with another time", in: with(ev("e1", 3), func(e *usage.Event) { e.OccurredAt = day.Add(time.Second) }), setup: prior(ev("e1", 3)), expect: "event_conflict"},
@@ -156,8 +179,12 @@ func TestSQLAPIRefusesAsTheGoRecorder(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			pool := dbtest.New(t)
+			cfg := sqlSettings
+			if tc.cfg != nil {
+				cfg = *tc.cfg
+			}
 			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				if err := usage.WriteSQLSettings(ctx, tx, sqlSettings, "test"); err != nil {
+				if err := usage.WriteSQLSettings(ctx, tx, cfg, "test"); err != nil {
 					return err
 				}
 				if tc.setup != nil {
@@ -171,7 +198,7 @@ func TestSQLAPIRefusesAsTheGoRecorder(t *testing.T) {
 			var goOut, sqlOut outcome
 			var goRow outbox.Row
 			_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				row, created, err := sqlSettings.Gate().Record(ctx, tx, tc.in)
+				row, created, err := cfg.Gate().Record(ctx, tx, tc.in)
 				goOut = outcome{Refusal: refusalOf(err)}
 				if err == nil {
 					goRow = row
@@ -258,7 +285,7 @@ func TestSQLAPIErrors(t *testing.T) {
 		{`SELECT aurora.record_usage('org_1', 'e1', 'api_calls', 4, $1)`, []any{day}, usage.SQLStateEventConflict, "", "usage: event_conflict: ", usage.ErrEventConflict},
 		{`SELECT aurora.record_usage_correction('org_1', 'c1', 'nope', 'api_calls', 1, $1)`, []any{day}, usage.SQLStateCorrectedUnknown, "", "usage: corrected_event_unknown: ", usage.ErrCorrectedUnknown},
 		{`SELECT aurora.record_usage_correction('org_1', 'c1', 'e1', 'api_calls', -4, $1)`, []any{day}, usage.SQLStateCorrectionExceeds, "", "usage: correction_exceeds_value: ", usage.ErrCorrectionExceeds},
-		{`SELECT aurora.record_usage(repeat('t', 1025), 'e1', 'api_calls', 1, $1)`, []any{day}, usage.SQLStateInvalidItem, "tenant", "outbox: invalid tenant: longer than 1024 bytes", outbox.ErrInvalidItem},
+		{`SELECT aurora.record_usage(repeat('t', 256), 'e1', 'api_calls', 1, $1)`, []any{day}, usage.SQLStateInvalidEvent, "tenant", "usage: invalid tenant: is 256 bytes, longer than 255", usage.ErrInvalidEvent},
 	} {
 		pg := call(tc.sql, tc.args...)
 		if pg.Code != tc.code || pg.ColumnName != tc.column || !strings.HasPrefix(pg.Message, tc.message) {

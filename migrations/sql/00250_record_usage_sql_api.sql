@@ -66,25 +66,69 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT date_trunc(CASE WHEN period IN ('hour', 'month') THEN period ELSE 'day' END, at, 'UTC')
 $$;
 
+-- field.Text: the reason an identifier-like text is refused, or NULL: not
+-- blank, at most max_bytes bytes of UTF-8, no U+FFFD and no control
+-- characters (Go's unicode.IsControl: U+0000–U+001F, U+007F–U+009F).
+-- Postgres text is always valid UTF-8 and never holds NUL.
+-- +goose StatementBegin
+CREATE FUNCTION aurora.text_refusal(v text, max_bytes integer) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    bad text;
+BEGIN
+    IF aurora.is_blank(v) THEN RETURN 'must not be empty'; END IF;
+    IF octet_length(v) > max_bytes THEN
+        RETURN format('is %s bytes, longer than %s', octet_length(v), max_bytes);
+    END IF;
+    bad := substring(v FROM E'[\u0001-\u001f\u007f-\u009f\ufffd]');
+    IF bad = E'\ufffd' THEN RETURN 'must not contain U+FFFD (replaced invalid text)'; END IF;
+    IF bad IS NOT NULL THEN RETURN 'must not contain control characters'; END IF;
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+
+-- field.Feature: the reason a feature name is refused, or NULL.
+CREATE FUNCTION aurora.feature_refusal(v text) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN coalesce(v, '') = '' THEN 'must not be empty'
+        WHEN v !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$' THEN 'must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$ (letters, digits, _ . -; at most 100 bytes)'
+    END
+$$;
+
 -- The first refusal of usage.Event.Validate for these fields, as
--- {field, reason}, or NULL when they are valid. A correction has a
+-- {field, reason}, or NULL when they are valid (field.Text with 255 bytes
+-- for tenant, event_id and corrects_event_id; field.Feature; a quantity of
+-- at most 15 significant digits, field.MaxQuantity). A correction has a
 -- non-empty corrects_event_id. occurred_at NULL is Go's zero time.
 -- +goose StatementBegin
 CREATE FUNCTION aurora.usage_event_refusal(tenant text, event_id text, feature text, quantity bigint,
     occurred_at timestamptz, corrects_event_id text) RETURNS text[]
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    r text;
 BEGIN
-    IF aurora.is_blank(tenant) THEN RETURN ARRAY['tenant', 'must not be empty']; END IF;
-    IF aurora.is_blank(event_id) THEN RETURN ARRAY['event_id', 'must not be empty']; END IF;
-    IF aurora.is_blank(feature) THEN RETURN ARRAY['feature', 'must not be empty']; END IF;
+    r := aurora.text_refusal(tenant, 255);
+    IF r IS NOT NULL THEN RETURN ARRAY['tenant', r]; END IF;
+    r := aurora.text_refusal(event_id, 255);
+    IF r IS NOT NULL THEN RETURN ARRAY['event_id', r]; END IF;
+    r := aurora.feature_refusal(feature);
+    IF r IS NOT NULL THEN RETURN ARRAY['feature', r]; END IF;
     IF occurred_at IS NULL THEN RETURN ARRAY['occurred_at', 'must be set']; END IF;
     IF NOT isfinite(occurred_at) THEN RETURN ARRAY['occurred_at', 'must be a finite time']; END IF;
     IF quantity IS NULL THEN RETURN ARRAY['quantity', 'must be set']; END IF;
     IF coalesce(corrects_event_id, '') = '' AND quantity < 0 THEN
         RETURN ARRAY['quantity', 'must be >= 0 for an event (use a correction to remove usage)'];
     END IF;
-    IF coalesce(corrects_event_id, '') = event_id THEN
-        RETURN ARRAY['corrects_event_id', 'an event cannot correct itself'];
+    IF abs(quantity) > 999999999999999 THEN
+        RETURN ARRAY['quantity', 'has more than 15 significant digits (at most 999999999999999 in magnitude; Stripe refuses more)'];
+    END IF;
+    IF coalesce(corrects_event_id, '') <> '' THEN
+        r := aurora.text_refusal(corrects_event_id, 255);
+        IF r IS NOT NULL THEN RETURN ARRAY['corrects_event_id', r]; END IF;
+        IF corrects_event_id = event_id THEN
+            RETURN ARRAY['corrects_event_id', 'an event cannot correct itself'];
+        END IF;
     END IF;
     RETURN NULL;
 END
@@ -92,18 +136,20 @@ $$;
 -- +goose StatementEnd
 
 -- The first refusal of identity.Identity.Validate for the string parts of
--- an item's identity, as {field, reason}, or NULL (Postgres text is always
--- valid UTF-8 and never holds NUL).
+-- an item's identity, as {field, reason}, or NULL (field.Text: tenant and
+-- destination_account at most 255 bytes, subject_ref and exporter 1024).
 -- +goose StatementBegin
 CREATE FUNCTION aurora.identity_refusal(tenant text, subject_ref text, exporter text, destination_account text)
 RETURNS text[] LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 DECLARE
     part record;
+    r    text;
 BEGIN
-    FOR part IN SELECT * FROM (VALUES (1, 'tenant', tenant), (2, 'subject_ref', subject_ref), (3, 'exporter', exporter),
-            (4, 'destination_account', destination_account)) AS p(n, name, v) ORDER BY n LOOP
-        IF aurora.is_blank(part.v) THEN RETURN ARRAY[part.name, 'must not be empty']; END IF;
-        IF octet_length(part.v) > 1024 THEN RETURN ARRAY[part.name, 'longer than 1024 bytes']; END IF;
+    FOR part IN SELECT * FROM (VALUES (1, 'tenant', tenant, 255), (2, 'subject_ref', subject_ref, 1024),
+            (3, 'exporter', exporter, 1024), (4, 'destination_account', destination_account, 255)) AS p(n, name, v, max_bytes)
+            ORDER BY n LOOP
+        r := aurora.text_refusal(part.v, part.max_bytes);
+        IF r IS NOT NULL THEN RETURN ARRAY[part.name, r]; END IF;
     END LOOP;
     RETURN NULL;
 END
