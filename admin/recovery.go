@@ -57,7 +57,7 @@ the exact command). There is no force option.`,
 // recoveryService opens AURORA_DATABASE_URL and runs fn with a recovery service
 // on the database clock.
 func recoveryService(ctx context.Context, fn func(*recovery.Service) error) error {
-	dbURL, err := databaseURL()
+	dbURL, err := sessionURL()
 	if err != nil {
 		return err
 	}

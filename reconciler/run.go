@@ -95,6 +95,21 @@ type run struct {
 	rejected   map[int64]bool // items an error report names
 	report     RunReport
 	customerOf map[string][]string // customer → tenants
+	// unknownCustomers: customers Stripe does not know (ErrUnknownCustomer)
+	unknownCustomers map[string]bool
+}
+
+// zeros is what Stripe holds for a customer it does not know: nothing, in
+// every window of [start, end).
+func zeros(start, end time.Time, hourly bool) []Summary {
+	if !hourly {
+		return []Summary{{Start: start, End: end}}
+	}
+	var out []Summary
+	for t := start; t.Before(end); t = t.Add(time.Hour) {
+		out = append(out, Summary{Start: t, End: t.Add(time.Hour)})
+	}
+	return out
 }
 
 // windowRow is a reconciliation_windows row to write.
@@ -119,7 +134,7 @@ func (r *Reconciler) Run(ctx context.Context) (RunReport, error) {
 	if err != nil {
 		return RunReport{}, err
 	}
-	ru := &run{r: r, now: now, rejected: map[int64]bool{}, customerOf: map[string][]string{}}
+	ru := &run{r: r, now: now, rejected: map[int64]bool{}, customerOf: map[string][]string{}, unknownCustomers: map[string]bool{}}
 	ru.cutoff = now.Add(-r.opts.SettleLag).Truncate(time.Minute)
 	ru.from = now.Add(-r.opts.Lookback).Truncate(time.Hour)
 	ru.report = RunReport{Now: now, SettledBefore: ru.cutoff, Findings: map[Kind]int{}}
@@ -222,19 +237,27 @@ func (ru *run) summaries(ctx context.Context, l *ledger) error {
 	for _, k := range order {
 		items := pairs[k]
 		var got []Summary
-		if hourEnd.After(ru.from) {
-			s, err := ru.r.provider.EventSummaries(ctx, k.meter, k.customer, ru.from, hourEnd, true)
-			if err != nil {
-				return err
+		unknown := false
+		ask := func(start, end time.Time, hourly bool) error {
+			s, err := ru.r.provider.EventSummaries(ctx, k.meter, k.customer, start, end, hourly)
+			if errors.Is(err, ErrUnknownCustomer) {
+				unknown, s, err = true, zeros(start, end, hourly), nil
 			}
 			got = append(got, s...)
+			return err
+		}
+		if hourEnd.After(ru.from) {
+			if err := ask(ru.from, hourEnd, true); err != nil {
+				return err
+			}
 		}
 		if ru.cutoff.After(hourEnd) && !hourEnd.Before(ru.from) {
-			s, err := ru.r.provider.EventSummaries(ctx, k.meter, k.customer, hourEnd, ru.cutoff, false)
-			if err != nil {
+			if err := ask(hourEnd, ru.cutoff, false); err != nil {
 				return err
 			}
-			got = append(got, s...)
+		}
+		if unknown {
+			ru.unknownCustomers[k.customer] = true
 		}
 		ru.compare(l, k, features[k.meter], items, got)
 	}
@@ -356,6 +379,9 @@ func (ru *run) decide(l *ledger, k pairKey, feature string, w *window) {
 		if n := ru.countRejected(committedIDs); n > 0 {
 			f.Detail += fmt.Sprintf("; %d of them named by a meter error report", n)
 		}
+		if ru.unknownCustomers[k.customer] {
+			f.Detail += "; Stripe does not know the customer (resource_missing): check the tenant's customer mapping"
+		}
 		ru.findings = append(ru.findings, f)
 	default:
 		f := base
@@ -403,9 +429,13 @@ func (ru *run) unconfirmed(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reconciler: unconfirmed: %w", err)
 	}
+	confirming := map[int64]bool{}
+	for _, it := range ru.confirm {
+		confirming[it.ID] = true
+	}
 	for _, it := range items {
-		if !it.AcceptedAt.Before(before) {
-			continue
+		if !it.AcceptedAt.Before(before) || confirming[it.ID] {
+			continue // this run confirms it
 		}
 		at := it.OccurredAt
 		q := float64(it.Quantity)
