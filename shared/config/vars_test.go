@@ -12,8 +12,12 @@ type nested struct {
 	Key     string `env:"STRIPE_API_KEY"`
 }
 
+type DB struct {
+	URL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/test?sslmode=disable"`
+}
+
 type sample struct {
-	config.Database
+	DB
 	N     nested `envPrefix:""`
 	Inner struct {
 		Poll int `env:"POLL_MS" envDefault:"10"`
