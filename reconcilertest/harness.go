@@ -44,18 +44,18 @@ type Options struct {
 // Harness is one database, one emulator behind an HTTP server, an inbox
 // endpoint the emulator delivers thin events to, and the reconciler.
 type Harness struct {
-	T        testing.TB
-	Ctx      context.Context
-	Pool     *pgxpool.Pool
-	Clock    *clock.Manual
-	Emu      *stripeemulator.Emulator
-	Meters   map[string]string // feature → meter id
+	T      testing.TB
+	Ctx    context.Context
+	Pool   *pgxpool.Pool
+	Clock  *clock.Manual
+	Emu    *stripeemulator.Emulator
+	Meters map[string]string // feature → meter id
 	// APIBase is the emulator's URL; DatabaseURL the harness database's.
 	APIBase, DatabaseURL string
-	exporter *stripeexport.Exporter
-	provider *reconciler.StripeProvider
-	opts     Options
-	worker   *inbox.Worker
+	exporter             *stripeexport.Exporter
+	provider             *reconciler.StripeProvider
+	opts                 Options
+	worker               *inbox.Worker
 }
 
 // New builds a harness: the account confirmed, a meter per feature on the
