@@ -30,6 +30,11 @@ type Options struct {
 	// Now, when set, is the run's "now" (tests, the demo); nil means the
 	// database clock.
 	Now func() time.Time
+	// DryRun: compare and compute everything, write nothing (no run row,
+	// no finding, no confirmation, no error report fetched): `auroractl
+	// reconcile run` without --yes. RunReport says what a real run would
+	// record.
+	DryRun bool
 	// Log: nil discards.
 	Log *slog.Logger
 }
@@ -67,17 +72,21 @@ type RunReport struct {
 	RunID int64     `json:"run_id"`
 	Now   time.Time `json:"now"`
 	// SettledBefore: windows ending at or before it were compared.
-	SettledBefore    time.Time    `json:"settled_before"`
-	WindowsCompared  int          `json:"windows_compared"`
-	WindowsMatched   int          `json:"windows_matched"`
-	WindowsUnsettled int          `json:"windows_unsettled"`
-	ItemsConfirmed   int          `json:"items_confirmed"`
-	FindingsNew      int          `json:"findings_new"`
-	FindingsUpdated  int          `json:"findings_updated"`
-	FindingsSame     int          `json:"findings_unchanged"`
-	ReportsFetched   int          `json:"error_reports_fetched"`
-	Findings         map[Kind]int `json:"findings_by_kind"`
-	ItemsOpen        int          `json:"items_open"`
+	SettledBefore    time.Time `json:"settled_before"`
+	WindowsCompared  int       `json:"windows_compared"`
+	WindowsMatched   int       `json:"windows_matched"`
+	WindowsUnsettled int       `json:"windows_unsettled"`
+	ItemsConfirmed   int       `json:"items_confirmed"`
+	FindingsNew      int       `json:"findings_new"`
+	FindingsUpdated  int       `json:"findings_updated"`
+	FindingsSame     int       `json:"findings_unchanged"`
+	ReportsFetched   int       `json:"error_reports_fetched"`
+	// ReportsPending: error reports the inbox stored that a dry run did
+	// not fetch.
+	ReportsPending int          `json:"error_reports_pending"`
+	DryRun         bool         `json:"dry_run"`
+	Findings       map[Kind]int `json:"findings_by_kind"`
+	ItemsOpen      int          `json:"items_open"`
 }
 
 // runLockKey is the advisory lock that keeps runs from interleaving.
@@ -137,7 +146,11 @@ func (r *Reconciler) Run(ctx context.Context) (RunReport, error) {
 	ru := &run{r: r, now: now, rejected: map[int64]bool{}, customerOf: map[string][]string{}, unknownCustomers: map[string]bool{}}
 	ru.cutoff = now.Add(-r.opts.SettleLag).Truncate(time.Minute)
 	ru.from = now.Add(-r.opts.Lookback).Truncate(time.Hour)
-	ru.report = RunReport{Now: now, SettledBefore: ru.cutoff, Findings: map[Kind]int{}}
+	ru.report = RunReport{Now: now, SettledBefore: ru.cutoff, Findings: map[Kind]int{}, DryRun: r.opts.DryRun}
+	if r.opts.DryRun {
+		err := ru.do(ctx)
+		return ru.report, err
+	}
 	if err := r.db.QueryRow(ctx, `INSERT INTO reconciler_runs (kind, started_at, settled_before) VALUES ('provider', $1, $2) RETURNING id`,
 		now, ru.cutoff).Scan(&ru.report.RunID); err != nil {
 		return RunReport{}, fmt.Errorf("reconciler: start run: %w", err)
@@ -548,6 +561,9 @@ func (ru *run) commit(ctx context.Context) error {
 	}
 	if ru.report.ItemsOpen, err = CountOpen(ctx, tx); err != nil {
 		return err
+	}
+	if ru.r.opts.DryRun {
+		return nil // the deferred rollback undoes every write above
 	}
 	if _, err := tx.Exec(ctx, `UPDATE reconciler_runs SET finished_at = coalesce($2::timestamptz, now()), ok = true, windows_compared = $3, windows_unsettled = $4,
 			windows_matched = $5, items_confirmed = $6, findings_new = $7, findings_updated = $8 WHERE id = $1`,

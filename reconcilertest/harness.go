@@ -44,16 +44,18 @@ type Options struct {
 // Harness is one database, one emulator behind an HTTP server, an inbox
 // endpoint the emulator delivers thin events to, and the reconciler.
 type Harness struct {
-	T        testing.TB
-	Ctx      context.Context
-	Pool     *pgxpool.Pool
-	Clock    *clock.Manual
-	Emu      *stripeemulator.Emulator
-	Meters   map[string]string // feature → meter id
-	exporter *stripeexport.Exporter
-	provider *reconciler.StripeProvider
-	opts     Options
-	worker   *inbox.Worker
+	T      testing.TB
+	Ctx    context.Context
+	Pool   *pgxpool.Pool
+	Clock  *clock.Manual
+	Emu    *stripeemulator.Emulator
+	Meters map[string]string // feature → meter id
+	// APIBase is the emulator's URL; DatabaseURL the harness database's.
+	APIBase, DatabaseURL string
+	exporter             *stripeexport.Exporter
+	provider             *reconciler.StripeProvider
+	opts                 Options
+	worker               *inbox.Worker
 }
 
 // New builds a harness: the account confirmed, a meter per feature on the
@@ -66,7 +68,14 @@ func New(t testing.TB, o Options) *Harness {
 	if len(o.Features) == 0 {
 		o.Features = []string{"api_calls"}
 	}
-	h := &Harness{T: t, Ctx: context.Background(), Pool: dbtest.New(t), Clock: clock.NewManual(o.Start), Meters: map[string]string{}, opts: o}
+	h := &Harness{T: t, Ctx: context.Background(), Clock: clock.NewManual(o.Start), Meters: map[string]string{}, opts: o}
+	h.DatabaseURL = dbtest.NewDatabase(t)
+	pool, err := pgxpool.New(h.Ctx, h.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	h.Pool = pool
 	store := inbox.NewStore(h.Pool, nil)
 	t.Cleanup(store.Close)
 	inboxSrv := httptest.NewServer(inbox.NewHandler(store, []string{WebhookSecret}, nil, nil))
@@ -82,6 +91,7 @@ func New(t testing.TB, o Options) *Harness {
 	h.Emu = emu
 	srv := httptest.NewServer(emu)
 	t.Cleanup(srv.Close)
+	h.APIBase = srv.URL
 	if h.exporter, err = stripeexport.New(stripeexport.Config{APIKey: APIKey, APIBase: srv.URL}, 10*time.Second, 4); err != nil {
 		t.Fatal(err)
 	}
