@@ -94,6 +94,7 @@ func NewRootCmd(streams IO) *cobra.Command {
 		newCutoverCmd(),
 		newInboxCmd(),
 		newRecoveryCmd(),
+		newStatusCmd(),
 		newReconcileCmd(),
 		newUsageCmd(),
 	)
