@@ -88,10 +88,10 @@ func isUsageError(err error) bool {
 	return errors.As(err, &u)
 }
 
-// logger writes structured logs to stderr. Logs never carry payloads,
+// logger writes JSON logs (one object per line) to stderr. Logs never carry payloads,
 // customer ids, signatures or keys.
 func logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
 func newMigrateCmd() *cobra.Command {

@@ -39,7 +39,7 @@ AURORA_INBOX_POLL_MS (1000..60000, default 5000), AURORA_INBOX_BATCH_SIZE
 				fmt.Fprintln(cmd.OutOrStdout(), "configuration valid: "+cfg.String())
 				return nil
 			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 			return inbox.Run(cmd.Context(), cfg, log)
 		},
 	}

@@ -46,7 +46,7 @@ AURORA_STRIPE_API_BASE, AURORA_STRIPE_ACCOUNT, AURORA_DATABASE_URL.`,
 				fmt.Fprintln(cmd.OutOrStdout(), "configuration valid: "+cfg.String())
 				return nil
 			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 			rep, err := reconciler.Run(cmd.Context(), cfg, once, log)
 			if once && rep.RunID != 0 {
 				enc := json.NewEncoder(cmd.OutOrStdout())
