@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/aurora-billing/aurora/inbox v0.0.0
 	github.com/aurora-billing/aurora/migrations v0.0.0
+	github.com/aurora-billing/aurora/reconciler v0.0.0
 	github.com/aurora-billing/aurora/shared v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/jackc/pgxlisten v0.0.0-20250802141604-12b92425684c
@@ -12,6 +13,7 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/sethvargo/go-retry v0.5.0
 	github.com/spf13/cobra v1.10.2
+	github.com/spf13/pflag v1.0.9
 	github.com/stripe/stripe-go/v76 v76.25.0
 	golang.org/x/sync v0.25.0
 )
@@ -39,7 +41,6 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.23.0 // indirect
-	github.com/spf13/pflag v1.0.9 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
@@ -51,5 +52,6 @@ require (
 replace (
 	github.com/aurora-billing/aurora/inbox => ./inbox
 	github.com/aurora-billing/aurora/migrations => ./migrations
+	github.com/aurora-billing/aurora/reconciler => ./reconciler
 	github.com/aurora-billing/aurora/shared => ./shared
 )

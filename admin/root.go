@@ -53,7 +53,7 @@ type IO struct {
 func NewRootCmd(streams IO) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "auroractl",
-		Short:         "Operate aurora: migrations, keys, recovery, cutover, inbox dead letters",
+		Short:         "Operate aurora: migrations, keys, recovery, reconciliation, cutover, inbox dead letters",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -67,6 +67,9 @@ func NewRootCmd(streams IO) *cobra.Command {
 		return errValidated
 	}
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		if err := checkFlags(cmd); err != nil {
+			return err
+		}
 		if validate {
 			return check(cmd)
 		}
@@ -91,6 +94,9 @@ func NewRootCmd(streams IO) *cobra.Command {
 		newCutoverCmd(),
 		newInboxCmd(),
 		newRecoveryCmd(),
+		newStatusCmd(),
+		newReconcileCmd(),
+		newUsageCmd(),
 	)
 	return root
 }

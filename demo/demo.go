@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
 	"net/http"
 	neturl "net/url"
@@ -99,6 +100,7 @@ type Summary struct {
 // of an unknown event, an event id reused with other content, …). It is
 // counted and reported, never staged, and never aborts the run.
 type Rejected struct {
+	Line    int    `json:"line"` // 1-based input line the event came from (the generator: its request number)
 	EventID string `json:"event_id"`
 	Reason  string `json:"reason"`
 }
@@ -111,6 +113,11 @@ var ErrNotDrained = errors.New("demo: not drained before the timeout")
 // reports the malformed lines; the error makes the exit status say that
 // nothing was exercised.
 var ErrNoUsage = errors.New("demo: the input has no usable usage lines")
+
+// ErrQuantityOverflow: a committed or applied total does not fit the
+// summary's int64. The sums are exact (numeric in Postgres, exact
+// rationals in the emulator) and checked, never wrapped or rounded.
+var ErrQuantityOverflow = errors.New("demo: quantity total out of int64 range")
 
 // ErrInterrupted: ctx ended (Ctrl-C, SIGTERM) before the run finished. The
 // components were stopped in order and the demo database dropped (unless
@@ -304,7 +311,7 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 		Recorder: usage.Recorder{DestinationAccount: o.Account, Mode: mode, Period: cmp.Or(o.Period, usage.PeriodDay)},
 		Sources:  usage.Sources{feed.FeatureAPICalls: usage.SourceEvents, feed.FeatureEgressBytes: usage.SourceEvents},
 	}
-	rejected, err := record(ctx, pool, gate, res.Events)
+	rejected, err := record(ctx, pool, gate, res.Events, res.EventLines)
 	if err != nil {
 		// Stop the relay and deliverers before the deferred pool.Close:
 		// closing the pool under them made every in-flight write fail.
@@ -334,11 +341,22 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 		sum.ItemsPerSecond = float64(sum.ItemsStaged-open) / sum.ElapsedSeconds
 	}
 	if emu != nil {
+		applied := map[string]*big.Rat{}
 		for _, ev := range emu.Applied() {
 			if ev.Cancelled {
 				continue
 			}
-			sum.ProviderAppliedQuantity[eventNames[ev.EventName]] += int64(ev.Value)
+			f := eventNames[ev.EventName]
+			if applied[f] == nil {
+				applied[f] = new(big.Rat)
+			}
+			applied[f].Add(applied[f], ev.ExactValue())
+		}
+		for f, total := range applied {
+			if !total.IsInt() || !total.Num().IsInt64() {
+				return nil, fmt.Errorf("%w: %s applied at the provider is %s", ErrQuantityOverflow, f, total.RatString())
+			}
+			sum.ProviderAppliedQuantity[f] = total.Num().Int64()
 		}
 		sum.ProviderDuplicateApplications = len(emu.DuplicateApplications())
 		for k, v := range emu.Counts() {
@@ -476,9 +494,15 @@ func provisionCustomers(ctx context.Context, pool *pgxpool.Pool, api *client.API
 // across 4 writers. A batch that fails on an event the usage API refuses
 // (isDataError) is replayed one event per transaction, so only the refused
 // events are left out; they are returned, not fatal.
-func record(ctx context.Context, pool *pgxpool.Pool, gate usage.Gate, events []usage.Event) ([]Rejected, error) {
+//
+// lines[i] is the input line of events[i] (reported with a refusal).
+func record(ctx context.Context, pool *pgxpool.Pool, gate usage.Gate, events []usage.Event, lines []int) ([]Rejected, error) {
 	const batch, writers = 500, 4
-	jobs := make(chan []usage.Event)
+	type chunk struct {
+		events []usage.Event
+		lines  []int
+	}
+	jobs := make(chan chunk)
 	errc := make(chan error, writers)
 	var mu sync.Mutex
 	var rejected []Rejected
@@ -487,21 +511,21 @@ func record(ctx context.Context, pool *pgxpool.Pool, gate usage.Gate, events []u
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for chunk := range jobs {
+			for c := range jobs {
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					_, err := gate.RecordBatch(ctx, tx, chunk)
+					_, err := gate.RecordBatch(ctx, tx, c.events)
 					return err
 				})
 				if err != nil && isDataError(err) {
 					err = nil
-					for _, ev := range chunk {
+					for i, ev := range c.events {
 						e := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 							_, _, err := gate.Record(ctx, tx, ev)
 							return err
 						})
 						if e != nil && isDataError(e) {
 							mu.Lock()
-							rejected = append(rejected, Rejected{EventID: ev.EventID, Reason: e.Error()})
+							rejected = append(rejected, Rejected{Line: c.lines[i], EventID: ev.EventID, Reason: e.Error()})
 							mu.Unlock()
 						} else if e != nil {
 							err = e
@@ -519,7 +543,7 @@ func record(ctx context.Context, pool *pgxpool.Pool, gate usage.Gate, events []u
 	var sendErr error
 	for i := 0; i < len(events) && sendErr == nil; i += batch {
 		select {
-		case jobs <- events[i:min(i+batch, len(events))]:
+		case jobs <- chunk{events[i:min(i+batch, len(events))], lines[i:min(i+batch, len(lines))]}:
 		case err := <-errc:
 			sendErr = err
 		}
@@ -530,7 +554,9 @@ func record(ctx context.Context, pool *pgxpool.Pool, gate usage.Gate, events []u
 	if sendErr == nil {
 		sendErr = <-errc
 	}
-	sort.Slice(rejected, func(i, j int) bool { return rejected[i].EventID < rejected[j].EventID })
+	sort.Slice(rejected, func(i, j int) bool {
+		return rejected[i].Line < rejected[j].Line || rejected[i].Line == rejected[j].Line && rejected[i].EventID < rejected[j].EventID
+	})
 	return rejected, sendErr
 }
 
@@ -629,16 +655,18 @@ func terminalOutcomes(reg prometheus.Gatherer) int {
 }
 
 func summarise(ctx context.Context, pool *pgxpool.Pool, sum *Summary) error {
-	rows, err := pool.Query(ctx, `SELECT state, coalesce(quarantine_reason, ''), feature, count(*), sum(quantity) FROM outbox_items GROUP BY 1, 2, 3`)
+	// sum(bigint) is numeric in Postgres: exact, without overflow. It is
+	// read as text and added up exactly; a total beyond int64 is an error.
+	rows, err := pool.Query(ctx, `SELECT state, coalesce(quarantine_reason, ''), feature, count(*), sum(quantity)::text FROM outbox_items GROUP BY 1, 2, 3`)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
+	committed := map[string]*big.Int{}
 	for rows.Next() {
-		var state, reason, feature string
+		var state, reason, feature, qtyText string
 		var n int
-		var qty int64
-		if err := rows.Scan(&state, &reason, &feature, &n, &qty); err != nil {
+		if err := rows.Scan(&state, &reason, &feature, &n, &qtyText); err != nil {
 			return err
 		}
 		sum.ItemsStaged += n
@@ -647,8 +675,24 @@ func summarise(ctx context.Context, pool *pgxpool.Pool, sum *Summary) error {
 			sum.QuarantinedByReason[reason] += n
 		}
 		if state == string(outbox.StateAccepted) || state == string(outbox.StateConfirmed) {
-			sum.CommittedQuantity[feature] += qty
+			qty, ok := new(big.Int).SetString(qtyText, 10)
+			if !ok {
+				return fmt.Errorf("demo: summary: sum of %s is %q, not an integer", feature, qtyText)
+			}
+			if committed[feature] == nil {
+				committed[feature] = new(big.Int)
+			}
+			committed[feature].Add(committed[feature], qty)
 		}
 	}
-	return rows.Err()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for f, total := range committed {
+		if !total.IsInt64() {
+			return fmt.Errorf("%w: %s committed is %s", ErrQuantityOverflow, f, total)
+		}
+		sum.CommittedQuantity[f] = total.Int64()
+	}
+	return nil
 }

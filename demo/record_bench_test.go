@@ -31,7 +31,7 @@ func BenchmarkRecordAccessLog(b *testing.B) {
 		b.StopTimer()
 		pool := dbtest.New(b)
 		b.StartTimer()
-		if _, err := record(context.Background(), pool, gate, res.Events); err != nil {
+		if _, err := record(context.Background(), pool, gate, res.Events, res.EventLines); err != nil {
 			b.Fatal(err)
 		}
 	}

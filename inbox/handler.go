@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aurora-billing/aurora/shared/field"
 	"github.com/stripe/stripe-go/v76/webhook"
 )
 
@@ -39,6 +40,27 @@ var (
 	// cannot be stored.
 	ErrNoEventID = errors.New("inbox: event has no id")
 )
+
+// ErrUnstorable: a verified event whose envelope can never be stored (an
+// id, type, api_version or customer that fails field.Text: NUL, control
+// characters, U+FFFD, longer than field.MaxStripeIDBytes). It is answered
+// 422, counted as unstorable apart from store failures (outages, 503), and
+// never retried into the database. See *EnvelopeError.
+var ErrUnstorable = errors.New("inbox: envelope cannot be stored")
+
+// EnvelopeError names the envelope field that cannot be stored. It wraps
+// ErrUnstorable. Its message never quotes the value.
+type EnvelopeError struct {
+	Field  string // id, type, api_version, data.object.customer
+	Reason string
+}
+
+func (e *EnvelopeError) Error() string {
+	return "inbox: envelope " + e.Field + " cannot be stored: " + e.Reason
+}
+
+// Unwrap returns ErrUnstorable.
+func (e *EnvelopeError) Unwrap() error { return ErrUnstorable }
 
 // Handler is POST /webhooks/stripe: verify, store, then 200. Nothing else
 // runs on the request path (seed 003).
@@ -69,6 +91,7 @@ const (
 	resultFuture       = "future_timestamp"
 	resultTooLarge     = "too_large"
 	resultBadRequest   = "bad_request"
+	resultUnstorable   = "unstorable"
 	resultStoreFailed  = "store_failed"
 )
 
@@ -90,6 +113,14 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) string {
 		return resultBadRequest
 	}
 	ev, err := h.verify(body, r.Header.Get("Stripe-Signature"))
+	var envErr *EnvelopeError
+	if errors.As(err, &envErr) {
+		// Verified, but no retry can ever store it: a permanent answer,
+		// counted apart from outages. The field, never the value.
+		h.log.Warn("inbox: verified webhook cannot be stored", "field", envErr.Field, "reason", envErr.Reason)
+		http.Error(w, "verified but cannot be stored: "+envErr.Field+" "+envErr.Reason, http.StatusUnprocessableEntity)
+		return resultUnstorable
+	}
 	if err != nil {
 		result := resultBadSignature
 		switch {
@@ -156,14 +187,16 @@ func (h *Handler) verify(body []byte, header string) (Received, error) {
 
 // readEnvelope reads what the inbox stores next to the raw body. A body
 // that is not a JSON object with an id is ErrNoEventID (400): it cannot be
-// stored under a unique event id.
+// stored under a unique event id. An id, type, api_version or customer
+// that Postgres text cannot hold or that breaks field.Text is an
+// *EnvelopeError (ErrUnstorable, 422).
 func readEnvelope(body []byte) (Received, error) {
 	var env struct {
-		ID         string `json:"id"`
-		Type       string `json:"type"`
-		APIVersion string `json:"api_version"`
-		Created    int64  `json:"created"`
-		Livemode   bool   `json:"livemode"`
+		ID         string          `json:"id"`
+		Type       string          `json:"type"`
+		APIVersion string          `json:"api_version"`
+		Created    json.RawMessage `json:"created"` // Unix seconds, or RFC 3339 in a thin event
+		Livemode   bool            `json:"livemode"`
 		Data       struct {
 			Object struct {
 				Customer json.RawMessage `json:"customer"`
@@ -174,11 +207,20 @@ func readEnvelope(body []byte) (Received, error) {
 		return Received{}, ErrNoEventID
 	}
 	rec := Received{EventID: env.ID, Type: env.Type, APIVersion: env.APIVersion, Livemode: env.Livemode, Payload: body}
-	if env.Created > 0 {
-		t := time.Unix(env.Created, 0).UTC()
+	if t, ok := eventCreated(env.Created); ok {
 		rec.Created = &t
 	}
 	rec.Customer, _ = expandableID(env.Data.Object.Customer)
+	for _, f := range []struct{ name, reason string }{
+		{"id", field.Text(rec.EventID, field.MaxStripeIDBytes)},
+		{"type", field.OptionalText(rec.Type, field.MaxStripeIDBytes)},
+		{"api_version", field.OptionalText(rec.APIVersion, field.MaxStripeIDBytes)},
+		{"data.object.customer", field.OptionalText(rec.Customer, field.MaxStripeIDBytes)},
+	} {
+		if f.reason != "" {
+			return Received{}, &EnvelopeError{Field: f.name, Reason: f.reason}
+		}
+	}
 	return rec, nil
 }
 

@@ -149,32 +149,40 @@ SELECT l.tenant,
        EXISTS (SELECT 1 FROM stripe_subscriptions o
                 WHERE o.tenant = l.tenant AND o.subscription_id <> $2
                   AND o.status NOT IN ('canceled', 'incomplete_expired')),
-       s.tenant, s.status, s.price_id, s.current_period_end, s.cancel_at_period_end, s.last_event_created,
+       s.tenant, s.status, s.price_id, s.plan, s.current_period_end, s.cancel_at_period_end,
+       s.last_event_id, s.last_event_created,
        ARRAY(SELECT price_id FROM stripe_price_plans WHERE price_id = ANY($3) ORDER BY price_id),
        ARRAY(SELECT plan FROM stripe_price_plans WHERE price_id = ANY($3) ORDER BY price_id),
-       EXISTS (SELECT 1 FROM stripe_price_plans)
+       EXISTS (SELECT 1 FROM stripe_price_plans),
+       e.subscription_id, e.subscription_status, e.plan,
+       (SELECT status FROM billing_ambiguities
+         WHERE kind = 'subscription' AND subject_id = $2 AND event_second = $4)
   FROM (SELECT 1) AS one
   LEFT JOIN stripe_customer_links l ON l.customer_id = $1
-  LEFT JOIN stripe_subscriptions s ON s.subscription_id = $2`
+  LEFT JOIN stripe_subscriptions s ON s.subscription_id = $2
+  LEFT JOIN tenant_entitlements e ON e.tenant = l.tenant`
 
 // subscription applies a customer.subscription.* snapshot under the
-// subscription timestamp guard (seed 003).
+// subscription timestamp guard (seed 003). A different state in the same
+// Stripe second as the applied one opens an ambiguity (ambiguity.go)
+// instead of keeping whichever arrived first.
 func (p *projector) subscription(ctx context.Context, ev *event) (decision, error) {
 	sub := ev.Subscription
 	var (
-		tenant, oldTenant, oldStatus, oldPrice *string
-		competing, oldCancel, anyMapping       bool
-		oldPeriodEnd, oldCreated               *time.Time
-		mappedPrices, mappedPlans              []string
+		tenant, oldTenant, oldStatus, oldPrice, oldPlan, oldEventID *string
+		entSub, entStatus, entPlan, ambStatus                       *string
+		competing, oldCancel, anyMapping                            bool
+		oldPeriodEnd, oldCreated                                    *time.Time
+		mappedPrices, mappedPlans                                   []string
 	)
 	prices := sub.PriceIDs
 	if prices == nil {
 		prices = []string{}
 	}
-	if err := p.lockAndLoad(ctx, ev.Customer, sqlLoadSubscription, []any{ev.Customer, sub.ID, prices}, func(r pgx.Row) error {
+	if err := p.lockAndLoad(ctx, ev.Customer, sqlLoadSubscription, []any{ev.Customer, sub.ID, prices, ev.Created}, func(r pgx.Row) error {
 		var cancel *bool
-		err := r.Scan(&tenant, &competing, &oldTenant, &oldStatus, &oldPrice, &oldPeriodEnd, &cancel, &oldCreated,
-			&mappedPrices, &mappedPlans, &anyMapping)
+		err := r.Scan(&tenant, &competing, &oldTenant, &oldStatus, &oldPrice, &oldPlan, &oldPeriodEnd, &cancel,
+			&oldEventID, &oldCreated, &mappedPrices, &mappedPlans, &anyMapping, &entSub, &entStatus, &entPlan, &ambStatus)
 		oldCancel = cancel != nil && *cancel
 		return err
 	}); err != nil {
@@ -190,20 +198,27 @@ func (p *projector) subscription(ctx context.Context, ev *event) (decision, erro
 	if len(sub.PriceIDs) > 0 {
 		price = sub.PriceIDs[0]
 	}
+	key := ambiguityKey{kind: ambiguitySubscription, subject: sub.ID, customer: ev.Customer, tenant: *tenant, second: ev.Created}
 	if oldCreated != nil {
 		if deref(oldTenant) != *tenant {
 			return withReason(ReasonAmbiguousCustomerLinkage), nil
 		}
-		switch {
-		case ev.Created.Before(*oldCreated):
+		if ev.Created.Before(*oldCreated) {
 			return processed(OutcomeStale), nil
-		case ev.Created.Equal(*oldCreated):
-			if deref(oldStatus) == sub.Status && deref(oldPrice) == price && oldCancel == sub.CancelAtPeriodEnd &&
-				sameTime(oldPeriodEnd, sub.CurrentPeriodEnd) {
-				return processed(OutcomeUnchanged), nil
-			}
-			return withReason(ReasonAmbiguousSubscriptionOrder), nil
 		}
+	}
+	switch deref(ambStatus) {
+	case ambiguityOpen:
+		return p.joinAmbiguity(key, ev), nil
+	case ambiguityResolved:
+		return processed(OutcomeStale), nil // the resolution decided this second
+	}
+	if oldCreated != nil && ev.Created.Equal(*oldCreated) {
+		if deref(oldStatus) == sub.Status && deref(oldPrice) == price && oldCancel == sub.CancelAtPeriodEnd &&
+			sameTime(oldPeriodEnd, sub.CurrentPeriodEnd) {
+			return processed(OutcomeUnchanged), nil
+		}
+		return p.openAmbiguity(ctx, key, ev)
 	}
 	var plan *string
 	if !terminalSubscriptionStatus(sub.Status) {
@@ -225,55 +240,89 @@ func (p *projector) subscription(ctx context.Context, ev *event) (decision, erro
 		pl := plans[price] // every price mapped; the first item's plan is the tenant's
 		plan = &pl
 	}
-	p.writes.Queue(`
-INSERT INTO stripe_subscriptions (subscription_id, customer_id, tenant, status, price_id, plan, current_period_end,
-                                  cancel_at_period_end, last_event_id, last_event_created, updated_at)
-VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11)
-ON CONFLICT (subscription_id) DO UPDATE SET
-    status = EXCLUDED.status, price_id = EXCLUDED.price_id, plan = EXCLUDED.plan,
-    current_period_end = EXCLUDED.current_period_end, cancel_at_period_end = EXCLUDED.cancel_at_period_end,
-    last_event_id = EXCLUDED.last_event_id, last_event_created = EXCLUDED.last_event_created,
-    updated_at = EXCLUDED.updated_at`,
-		sub.ID, ev.Customer, *tenant, sub.Status, price, plan, sub.CurrentPeriodEnd, sub.CancelAtPeriodEnd,
-		ev.ID, ev.Created, p.now)
-	// the plan follows the subscription; billing status is the invoices'
-	// alone, so an earlier subscription never undoes a later invoice status
+	prior := subscriptionPrior{Entitlement: entitlementSubscription{SubscriptionID: entSub, SubscriptionStatus: entStatus, Plan: entPlan}}
+	if oldCreated != nil {
+		prior.Row = &subscriptionRow{Status: deref(oldStatus), PriceID: oldPrice, Plan: oldPlan, CurrentPeriodEnd: oldPeriodEnd,
+			CancelAtPeriodEnd: oldCancel, LastEventID: deref(oldEventID), LastEventCreated: *oldCreated}
+	}
 	var granted *string
 	if entitledSubscriptionStatus(sub.Status) {
 		granted = plan
 	}
+	p.queueSubscription(subscriptionWrite{ID: sub.ID, Customer: ev.Customer, Tenant: *tenant, Status: sub.Status, Price: price, Plan: plan,
+		Granted: granted, CurrentPeriodEnd: sub.CurrentPeriodEnd, CancelAtPeriodEnd: sub.CancelAtPeriodEnd,
+		EventID: ev.ID, Created: ev.Created, Prior: prior})
+	return processed(OutcomeApplied), nil
+}
+
+// subscriptionWrite is one subscription snapshot to store, with the
+// entitlement it grants and what both were before its second.
+type subscriptionWrite struct {
+	ID, Customer, Tenant, Status, Price string
+	Plan, Granted                       *string
+	CurrentPeriodEnd                    *time.Time
+	CancelAtPeriodEnd                   bool
+	EventID                             string
+	Created                             time.Time
+	Prior                               subscriptionPrior
+}
+
+// queueSubscription queues the subscription row and the entitlement's
+// subscription columns. The plan follows the subscription; billing status
+// is the invoices' alone, so an earlier subscription never undoes a later
+// invoice status.
+func (p *projector) queueSubscription(w subscriptionWrite) {
+	p.writes.Queue(`
+INSERT INTO stripe_subscriptions (subscription_id, customer_id, tenant, status, price_id, plan, current_period_end,
+                                  cancel_at_period_end, last_event_id, last_event_created, updated_at, prior)
+VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12::jsonb)
+ON CONFLICT (subscription_id) DO UPDATE SET
+    status = EXCLUDED.status, price_id = EXCLUDED.price_id, plan = EXCLUDED.plan,
+    current_period_end = EXCLUDED.current_period_end, cancel_at_period_end = EXCLUDED.cancel_at_period_end,
+    last_event_id = EXCLUDED.last_event_id, last_event_created = EXCLUDED.last_event_created,
+    updated_at = EXCLUDED.updated_at, prior = EXCLUDED.prior`,
+		w.ID, w.Customer, w.Tenant, w.Status, w.Price, w.Plan, w.CurrentPeriodEnd, w.CancelAtPeriodEnd,
+		w.EventID, w.Created, p.now, mustJSON(w.Prior))
 	p.writes.Queue(`
 INSERT INTO tenant_entitlements (tenant, customer_id, subscription_id, subscription_status, plan, updated_at)
 VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (tenant) DO UPDATE SET
     subscription_id = EXCLUDED.subscription_id, subscription_status = EXCLUDED.subscription_status,
     plan = EXCLUDED.plan, updated_at = EXCLUDED.updated_at`,
-		*tenant, ev.Customer, sub.ID, sub.Status, granted, p.now)
-	return processed(OutcomeApplied), nil
+		w.Tenant, w.Customer, w.ID, w.Status, w.Granted, p.now)
 }
 
 const sqlLoadInvoice = `
-SELECT l.tenant, l.invoice_status_event_created, l.invoice_status,
+SELECT l.tenant, l.invoice_status_event_created, l.invoice_status, l.invoice_status_event_id,
        ARRAY(SELECT subscription_id FROM stripe_subscriptions WHERE tenant = l.tenant),
        ARRAY(SELECT subscription_id FROM stripe_subscriptions
               WHERE tenant = l.tenant AND status NOT IN ('canceled', 'incomplete_expired')),
-       i.outcome, i.last_event_created
+       i.outcome, i.last_event_id, i.last_event_created,
+       e.billing_status, e.grace_until,
+       (SELECT status FROM billing_ambiguities
+         WHERE kind = 'invoice' AND subject_id = $1 AND event_second = $3)
   FROM (SELECT 1) AS one
   LEFT JOIN stripe_customer_links l ON l.customer_id = $1
-  LEFT JOIN stripe_invoices i ON i.invoice_id = $2`
+  LEFT JOIN stripe_invoices i ON i.invoice_id = $2
+  LEFT JOIN tenant_entitlements e ON e.tenant = l.tenant`
 
 // invoice applies invoice.paid / invoice.payment_succeeded /
 // invoice.payment_failed under the invoice guard and the separate
-// customer-level guard (seed 003).
+// customer-level guard (seed 003). An opposite outcome in the same Stripe
+// second, of the same invoice or of the customer's latest status, opens an
+// ambiguity over every invoice outcome of the customer in that second
+// (ambiguity.go) instead of keeping whichever arrived first.
 func (p *projector) invoice(ctx context.Context, ev *event) (decision, error) {
 	inv := ev.Invoice
 	var (
-		tenant, custStatus, oldOutcome *string
-		custCreated, oldCreated        *time.Time
-		subs, current                  []string
+		tenant, custStatus, custEventID, oldOutcome, oldEventID *string
+		billing, ambStatus                                      *string
+		custCreated, oldCreated, graceUntil                     *time.Time
+		subs, current                                           []string
 	)
-	if err := p.lockAndLoad(ctx, ev.Customer, sqlLoadInvoice, []any{ev.Customer, inv.ID}, func(r pgx.Row) error {
-		return r.Scan(&tenant, &custCreated, &custStatus, &subs, &current, &oldOutcome, &oldCreated)
+	if err := p.lockAndLoad(ctx, ev.Customer, sqlLoadInvoice, []any{ev.Customer, inv.ID, ev.Created}, func(r pgx.Row) error {
+		return r.Scan(&tenant, &custCreated, &custStatus, &custEventID, &subs, &current, &oldOutcome, &oldEventID, &oldCreated,
+			&billing, &graceUntil, &ambStatus)
 	}); err != nil {
 		return decision{}, err
 	}
@@ -301,17 +350,22 @@ func (p *projector) invoice(ctx context.Context, ev *event) (decision, error) {
 			return withReason(ReasonAmbiguousInvoiceSubscription), nil
 		}
 	}
+	key := ambiguityKey{kind: ambiguityInvoice, subject: ev.Customer, customer: ev.Customer, tenant: *tenant, second: ev.Created}
 	// invoice-level guard
-	if oldCreated != nil {
-		switch {
-		case ev.Created.Before(*oldCreated):
-			return processed(OutcomeStale), nil
-		case ev.Created.Equal(*oldCreated):
-			if deref(oldOutcome) == inv.Outcome {
-				return processed(OutcomeUnchanged), nil
-			}
-			return withReason(ReasonAmbiguousInvoiceOrder), nil
+	if oldCreated != nil && ev.Created.Before(*oldCreated) {
+		return processed(OutcomeStale), nil
+	}
+	switch deref(ambStatus) {
+	case ambiguityOpen:
+		return p.joinAmbiguity(key, ev), nil
+	case ambiguityResolved:
+		return processed(OutcomeStale), nil // the resolution decided this second
+	}
+	if oldCreated != nil && ev.Created.Equal(*oldCreated) {
+		if deref(oldOutcome) == inv.Outcome {
+			return processed(OutcomeUnchanged), nil
 		}
+		return p.openAmbiguity(ctx, key, ev)
 	}
 	// customer-level monotonic guard on the billing status
 	changeStatus := true
@@ -320,36 +374,69 @@ func (p *projector) invoice(ctx context.Context, ev *event) (decision, error) {
 		case ev.Created.Before(*custCreated):
 			changeStatus = false
 		case ev.Created.Equal(*custCreated) && deref(custStatus) != inv.Outcome:
-			return withReason(ReasonAmbiguousInvoiceOrder), nil
+			return p.openAmbiguity(ctx, key, ev)
 		}
 	}
-	p.writes.Queue(`
-INSERT INTO stripe_invoices (invoice_id, customer_id, tenant, subscription_id, outcome, last_event_id, last_event_created, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-ON CONFLICT (invoice_id) DO UPDATE SET
-    outcome = EXCLUDED.outcome, last_event_id = EXCLUDED.last_event_id,
-    last_event_created = EXCLUDED.last_event_created, updated_at = EXCLUDED.updated_at`,
-		inv.ID, ev.Customer, *tenant, inv.SubscriptionID, inv.Outcome, ev.ID, ev.Created, p.now)
+	invPrior := invoicePrior{}
+	if oldCreated != nil {
+		invPrior.Row = &invoiceRow{Outcome: deref(oldOutcome), LastEventID: deref(oldEventID), LastEventCreated: *oldCreated}
+	}
+	p.queueInvoice(inv.ID, ev.Customer, *tenant, inv.SubscriptionID, inv.Outcome, ev.ID, ev.Created, invPrior)
 	if !changeStatus {
 		return processed(OutcomeStale), nil // recorded; the later status stands
 	}
+	statusPrior := statusPrior{Entitlement: entitlementBilling{BillingStatus: deref(billing), GraceUntil: graceUntil}}
+	if custCreated != nil {
+		statusPrior.Status = &invoiceStatus{InvoiceStatus: deref(custStatus), EventID: deref(custEventID), EventCreated: *custCreated}
+	}
+	if statusPrior.Entitlement.BillingStatus == "" {
+		statusPrior.Entitlement.BillingStatus = billingNone
+	}
+	p.queueStatus(ev.Customer, *tenant, inv.Outcome, ev.ID, ev.Created, statusPrior)
+	return processed(OutcomeApplied), nil
+}
+
+// queueInvoice queues an invoice row with what it was before this second.
+func (p *projector) queueInvoice(id, customer, tenant, sub, outcome, eventID string, created time.Time, prior invoicePrior) {
+	p.writes.Queue(`
+INSERT INTO stripe_invoices (invoice_id, customer_id, tenant, subscription_id, outcome, last_event_id, last_event_created, updated_at, prior)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb)
+ON CONFLICT (invoice_id) DO UPDATE SET
+    outcome = EXCLUDED.outcome, last_event_id = EXCLUDED.last_event_id,
+    last_event_created = EXCLUDED.last_event_created, updated_at = EXCLUDED.updated_at, prior = EXCLUDED.prior`,
+		id, customer, tenant, sub, outcome, eventID, created, p.now, mustJSON(prior))
+}
+
+// queueStatus queues the customer-level invoice status and the tenant's
+// billing status it decides: current after paid, grace until the failure's
+// Stripe time + GracePeriod after failed. prior is kept only when the
+// status moves to a new second (a same-second same-outcome replay keeps the
+// prior of that second).
+func (p *projector) queueStatus(customer, tenant, outcome, eventID string, created time.Time, prior statusPrior) {
 	p.writes.Queue(`
 UPDATE stripe_customer_links
-   SET invoice_status_event_created = $2, invoice_status_event_id = $3, invoice_status = $4
- WHERE customer_id = $1`, ev.Customer, ev.Created, ev.ID, inv.Outcome)
-	billing, grace := "current", (*time.Time)(nil)
-	if inv.Outcome == invoiceFailed {
-		g := ev.Created.Add(GracePeriod)
-		billing, grace = "grace", &g
+   SET invoice_status_prior = CASE WHEN invoice_status_event_created IS DISTINCT FROM $2 THEN $5::jsonb ELSE invoice_status_prior END,
+       invoice_status_event_created = $2, invoice_status_event_id = $3, invoice_status = $4
+ WHERE customer_id = $1`, customer, created, eventID, outcome, mustJSON(prior))
+	billing, grace := billingCurrent, (*time.Time)(nil)
+	if outcome == invoiceFailed {
+		g := created.Add(GracePeriod)
+		billing, grace = billingGrace, &g
 	}
 	p.writes.Queue(`
 INSERT INTO tenant_entitlements (tenant, customer_id, billing_status, grace_until, updated_at)
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (tenant) DO UPDATE SET
     billing_status = EXCLUDED.billing_status, grace_until = EXCLUDED.grace_until, updated_at = EXCLUDED.updated_at`,
-		*tenant, ev.Customer, billing, grace, p.now)
-	return processed(OutcomeApplied), nil
+		tenant, customer, billing, grace, p.now)
 }
+
+// Billing statuses of tenant_entitlements.billing_status.
+const (
+	billingNone    = "none"
+	billingCurrent = "current"
+	billingGrace   = "grace"
+)
 
 func deref(s *string) string {
 	if s == nil {

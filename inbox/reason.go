@@ -30,11 +30,16 @@ const (
 	// metadata, or an invoice whose two subscription references contradict
 	// each other. Quarantined immediately.
 	ReasonUnrecognizedStripePayload Reason = "unrecognized_stripe_payload"
-	// ReasonAmbiguousInvoiceOrder: an opposite invoice outcome (paid vs
-	// failed) at the same Stripe second as the applied one. Quarantined.
+	// ReasonAmbiguousInvoiceOrder: opposite invoice outcomes (paid vs
+	// failed) of one customer in the same Stripe second, of one invoice or
+	// against the customer-level status. Every invoice outcome of the
+	// customer in that second is quarantined in one ambiguity and their
+	// effect undone (ambiguity.go), whichever arrived first.
 	ReasonAmbiguousInvoiceOrder Reason = "ambiguous_invoice_order"
-	// ReasonAmbiguousSubscriptionOrder: a different subscription state at the
-	// same Stripe second as the applied one. Quarantined.
+	// ReasonAmbiguousSubscriptionOrder: two different snapshots of one
+	// subscription in the same Stripe second. Both are quarantined in one
+	// ambiguity and the subscription restored to what came before that
+	// second (ambiguity.go), whichever arrived first.
 	ReasonAmbiguousSubscriptionOrder Reason = "ambiguous_subscription_order"
 	// ReasonAmbiguousMultiSubscription: the linked tenant already has another
 	// nonterminal subscription. Quarantined before any mutation.

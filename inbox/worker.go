@@ -163,6 +163,10 @@ const sqlLockCustomer = `SELECT pg_try_advisory_xact_lock(hashtextextended('auro
 type decision struct {
 	outcome Outcome // set when processed
 	reason  Reason  // set when deferred or quarantined
+	// keep: a quarantine whose queued writes still commit (an ambiguity's
+	// record and the restored projections); otherwise a deferral or
+	// quarantine writes nothing but the row.
+	keep bool
 }
 
 func processed(o Outcome) decision { return decision{outcome: o} }
@@ -177,7 +181,11 @@ func (w *Worker) handleNext(ctx context.Context, skipped []string) (id string, r
 		return "", "", err
 	}
 	// a connection released inside a transaction is destroyed by the pool
-	defer conn.Release()
+	defer func() {
+		if conn != nil {
+			conn.Release()
+		}
+	}()
 	id, res, err = w.process(ctx, conn, skipped)
 	if err == nil || id == "" {
 		return id, res, err
@@ -186,8 +194,20 @@ func (w *Worker) handleNext(ctx context.Context, skipped []string) (id string, r
 	if ctx.Err() != nil {
 		return id, ResultSkipped, nil // shutting down: the rollback left the row as it was
 	}
-	// the projection rolled back; count the attempt on its own
-	r, cerr := w.countFailure(ctx, id, err)
+	// The projection rolled back; count the attempt on its own, on the
+	// connection this call already holds: asking the pool for a second one
+	// while holding the first deadlocks a pool of one connection (and
+	// starves the webhook and /readyz while it waits). Only a connection that
+	// died is given back first and replaced.
+	if conn.Conn().IsClosed() {
+		conn.Release()
+		if conn, err = w.pool.Acquire(ctx); err != nil {
+			w.log.Warn("worker.stripe_reconciliation could not count a failed attempt", "event_id", id, "error_class", errorClass(err))
+			conn = nil
+			return id, ResultFailed, nil
+		}
+	}
+	r, cerr := w.countFailure(ctx, conn, id, err)
 	if cerr != nil {
 		w.log.Warn("worker.stripe_reconciliation could not count a failed attempt", "event_id", id, "error_class", errorClass(cerr))
 		return id, ResultFailed, nil
@@ -255,7 +275,7 @@ func (w *Worker) process(ctx context.Context, conn *pgxpool.Conn, skipped []stri
 			return id, "", err
 		}
 	}
-	if d.reason != "" {
+	if d.reason != "" && !d.keep {
 		p.writes = &pgx.Batch{} // a deferral or quarantine writes nothing but the row
 	}
 	res := settle(p.writes, id, attempts, now, d)
@@ -299,12 +319,13 @@ func settle(b *pgx.Batch, id string, attempts int, now time.Time, d decision) Re
 	return ResultDeferred
 }
 
-// countFailure counts a rolled-back attempt: backoff, or dead letter with
-// ReasonProjectionFailed once the budget is spent.
-func (w *Worker) countFailure(ctx context.Context, id string, cause error) (Result, error) {
+// countFailure counts a rolled-back attempt on conn (outside any
+// transaction): backoff, or dead letter with ReasonProjectionFailed once the
+// budget is spent.
+func (w *Worker) countFailure(ctx context.Context, conn *pgxpool.Conn, id string, cause error) (Result, error) {
 	class := errorClass(cause)
 	var dead bool
-	err := w.pool.QueryRow(ctx, `
+	err := conn.QueryRow(ctx, `
 UPDATE billing_events
    SET attempts = attempts + 1,
        last_reason = $2,

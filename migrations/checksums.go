@@ -1,12 +1,9 @@
 package migrations
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"database/sql"
-	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -15,14 +12,6 @@ import (
 	"strconv"
 	"strings"
 )
-
-// frozenList is checksums.txt: one line per landed migration, "<file>
-// <sha256 of the file>". A landed migration is frozen: TestMigrationsFrozen
-// fails if a listed file changed or a migration file is not listed (append
-// the line for a new one: `sha256sum sql/NNNNN_name.sql`).
-//
-//go:embed checksums.txt
-var frozenList []byte
 
 // ErrSchemaMismatch: the database's migrations were applied from other files
 // than this build's (SchemaMismatchError names them).
@@ -64,25 +53,6 @@ func Files() ([]File, error) {
 	return out, nil
 }
 
-// Frozen returns checksums.txt as file name → SHA-256. Errors wrap
-// ErrMigrate (a malformed line, naming it).
-func Frozen() (map[string]string, error) {
-	out := map[string]string{}
-	sc := bufio.NewScanner(bytes.NewReader(frozenList))
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		f := strings.Fields(line)
-		if len(f) != 2 || len(f[1]) != 64 {
-			return nil, fmt.Errorf("%w: checksums.txt line %d: want \"<file> <sha256>\", got %q", ErrMigrate, n, line)
-		}
-		out[f[0]] = f[1]
-	}
-	return out, nil
-}
-
 // SchemaMismatchError names every migration whose file, as recorded in the
 // database when it was applied, differs from this build's.
 type SchemaMismatchError struct {
@@ -113,7 +83,7 @@ func (e *SchemaMismatchError) Unwrap() error { return ErrSchemaMismatch }
 
 // recordChecksumsSQL records the checksum of an applied migration unless one
 // is recorded (the first record of a version is the file it was applied
-// from, or the first binary's after 00019 for older ones).
+// from, or the first binary's after 00252 for older ones).
 const recordChecksumsSQL = `
 INSERT INTO aurora_schema_checksums (version, file, sha256)
 SELECT v, f, s FROM unnest($1::bigint[], $2::text[], $3::text[]) AS t(v, f, s)
@@ -125,7 +95,7 @@ const checksumsTableSQL = `SELECT to_regclass('aurora_schema_checksums') IS NOT 
 const recordedChecksumsSQL = `SELECT version, file, sha256 FROM aurora_schema_checksums ORDER BY version`
 
 // recordChecksums records this build's checksum of every applied migration
-// that has none recorded yet (a no-op before migration 00019).
+// that has none recorded yet (a no-op before migration 00252).
 func recordChecksums(ctx context.Context, db *sql.DB) error {
 	var has bool
 	if err := db.QueryRowContext(ctx, checksumsTableSQL).Scan(&has); err != nil {
@@ -152,7 +122,7 @@ func recordChecksums(ctx context.Context, db *sql.DB) error {
 // (aurora_schema_checksums) was applied from the same file as this build's.
 // It returns a *SchemaMismatchError (ErrSchemaMismatch) naming each
 // migration that differs, nil when all match or nothing is recorded (a
-// database older than migration 00019), and other errors wrapping ErrMigrate.
+// database older than migration 00252), and other errors wrapping ErrMigrate.
 // Versions the build does not know are not judged here (StatusOf lists what
 // the build knows).
 func Verify(ctx context.Context, databaseURL string) error {

@@ -2,8 +2,11 @@
 // in every binary, so any service or auroractl can migrate the database it
 // points at.
 //
-// Numbering: 00001–00099 export outbox (seed 000), 00100–00199 webhook inbox
-// (seed 003), 00200–00299 domain events (seed 004), 00300– reconciliation.
+// Numbering: a new migration takes a number above every landed one, whatever
+// its area, because goose refuses a lower number on a database already past
+// it. Landed migrations are frozen: landed.sha256 lists each with its
+// checksum, and TestLandedMigrationsAreFrozen fails when one changes, goes
+// missing, or a new one is numbered below the highest landed.
 package migrations
 
 import (
@@ -48,12 +51,23 @@ type Status struct {
 	AppliedAt string `json:"applied_at,omitempty"` // RFC 3339, empty when pending
 }
 
-func provider(databaseURL string) (*goose.Provider, *sql.DB, error) {
+// orderIndependent lists migrations that only add objects nothing else
+// depends on, idempotently (CREATE INDEX … IF NOT EXISTS), numbered below a
+// migration that landed first. A database already past them applies them
+// out of order; any other missing migration still refuses to apply (goose's
+// "missing (out-of-order) migration" error), because a schema built in
+// another order may differ from a fresh one.
+var orderIndependent = map[int64]bool{
+	40: true, // 00040_outbox_open_age_idx: an index for the operations gauges
+}
+
+func provider(databaseURL string, opts ...goose.ProviderOption) (*goose.Provider, *sql.DB, error) {
 	db, err := sql.Open("pgx", databaseURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: open: %w", ErrMigrate, err)
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, FS(), goose.WithTableName("aurora_schema_migrations"))
+	opts = append([]goose.ProviderOption{goose.WithTableName("aurora_schema_migrations")}, opts...)
+	p, err := goose.NewProvider(goose.DialectPostgres, db, FS(), opts...)
 	if err != nil {
 		db.Close()
 		return nil, nil, fmt.Errorf("%w: %w", ErrMigrate, err)
@@ -69,7 +83,11 @@ func provider(databaseURL string) (*goose.Provider, *sql.DB, error) {
 // Goose takes a Postgres advisory lock so concurrent callers serialise.
 // Errors wrap ErrMigrate.
 func Up(ctx context.Context, databaseURL string) ([]Result, error) {
-	p, db, err := provider(databaseURL)
+	outOfOrder, err := onlyOrderIndependentMissing(ctx, databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	p, db, err := provider(databaseURL, goose.WithAllowOutofOrder(outOfOrder))
 	if err != nil {
 		return nil, err
 	}
@@ -91,6 +109,32 @@ func Up(ctx context.Context, databaseURL string) ([]Result, error) {
 		out = append(out, Result{Version: r.Source.Version, Source: r.Source.Path, Duration: r.Duration.String()})
 	}
 	return out, nil
+}
+
+// onlyOrderIndependentMissing reports whether the database has unapplied
+// migrations below its highest applied one and every one of them is in
+// orderIndependent.
+func onlyOrderIndependentMissing(ctx context.Context, databaseURL string) (bool, error) {
+	st, err := StatusOf(ctx, databaseURL)
+	if err != nil {
+		return false, err
+	}
+	var highest int64
+	for _, m := range st {
+		if m.Applied && m.Version > highest {
+			highest = m.Version
+		}
+	}
+	missing := false
+	for _, m := range st {
+		if !m.Applied && m.Version < highest {
+			if !orderIndependent[m.Version] {
+				return false, nil
+			}
+			missing = true
+		}
+	}
+	return missing, nil
 }
 
 // StatusOf lists every known migration and whether it is applied. Errors wrap

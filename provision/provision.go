@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/aurora-billing/aurora/shared/field"
 	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,9 +29,6 @@ const (
 	CustomerKey = "stripe_customer_id"
 	ValueKey    = "value"
 )
-
-// ErrInvalid: bad input (empty account, feature or tenant, unknown mode).
-var ErrInvalid = errors.New("provision: invalid input")
 
 // NewAPI returns a stripe-go client for key at baseURL ("" = Stripe's own
 // API). Library retries are off: callers own their retry policy.
@@ -51,15 +49,16 @@ func NewAPI(key, baseURL string, httpClient *http.Client) *client.API {
 	return api
 }
 
-// Account records the destination account, its mode and whether an
+// Account records the destination account (a *FieldError, ErrInvalid, for
+// an account id that fails field.Text or a mode other than test|live), its mode and whether an
 // operator confirmed it (unconfirmed accounts quarantine their items with
 // account_unconfirmed).
 func Account(ctx context.Context, pool *pgxpool.Pool, accountID string, mode identity.Mode, confirmed bool) error {
-	if strings.TrimSpace(accountID) == "" {
-		return fmt.Errorf("%w: account id is empty", ErrInvalid)
+	if err := checkAccount(accountID); err != nil {
+		return err
 	}
 	if !mode.Valid() {
-		return fmt.Errorf("%w: mode %q is not test|live", ErrInvalid, string(mode))
+		return &FieldError{Field: "mode", Reason: "must be test or live"}
 	}
 	_, err := pool.Exec(ctx, `
 		INSERT INTO stripe_accounts (account_id, mode, confirmed, confirmed_at)
@@ -82,15 +81,23 @@ type Mapping struct {
 	Created        bool   `json:"created"` // a meter was created at Stripe by this call
 }
 
-// Meter makes sure feature has a Stripe meter (sum of ValueKey, customer by
+// Meter (a *FieldError, ErrInvalid, for a bad account, a feature that is not
+// a feature name (field.Feature) or an event name that fails field.Text)
+// makes sure feature has a Stripe meter (sum of ValueKey, customer by
 // CustomerKey) whose event name is eventName, and a meter_mappings row
 // pointing at it. An existing mapping with the same event name is reused; a
 // different event name creates a new meter and bumps mapping_version (items
 // built for the old version are then refused on requeue with
 // mapping_changed).
 func Meter(ctx context.Context, pool *pgxpool.Pool, api *client.API, account, feature, eventName string) (Mapping, error) {
-	if strings.TrimSpace(account) == "" || strings.TrimSpace(feature) == "" || strings.TrimSpace(eventName) == "" {
-		return Mapping{}, fmt.Errorf("%w: account, feature and event name are required", ErrInvalid)
+	if err := checkAccount(account); err != nil {
+		return Mapping{}, err
+	}
+	if r := field.Feature(feature); r != "" {
+		return Mapping{}, &FieldError{Field: "feature", Reason: r}
+	}
+	if r := field.Text(eventName, field.MaxFeatureBytes); r != "" {
+		return Mapping{}, &FieldError{Field: "event_name", Reason: r}
 	}
 	m := Mapping{Feature: feature}
 	err := pool.QueryRow(ctx, `SELECT meter_id, event_name, mapping_version FROM meter_mappings WHERE destination_account = $1 AND feature = $2`,
@@ -125,13 +132,17 @@ func Meter(ctx context.Context, pool *pgxpool.Pool, api *client.API, account, fe
 	return m, nil
 }
 
-// Customer makes sure tenant has a Stripe customer on account and returns
+// Customer (a *FieldError, ErrInvalid, for a bad account or a tenant that
+// fails field.Text within field.MaxTenantBytes) makes sure tenant has a Stripe customer on account and returns
 // its id. The customer is created with metadata aurora_tenant=<tenant> and
 // an idempotency key derived from (account, tenant), so a crash between the
 // Stripe call and the insert cannot create a second customer.
 func Customer(ctx context.Context, pool *pgxpool.Pool, api *client.API, account, tenant string) (string, bool, error) {
-	if strings.TrimSpace(account) == "" || strings.TrimSpace(tenant) == "" {
-		return "", false, fmt.Errorf("%w: account and tenant are required", ErrInvalid)
+	if err := checkAccount(account); err != nil {
+		return "", false, err
+	}
+	if err := checkTenant(tenant); err != nil {
+		return "", false, err
 	}
 	var existing *string
 	err := pool.QueryRow(ctx, `SELECT stripe_customer FROM tenant_billing WHERE tenant = $1 AND destination_account = $2`, tenant, account).Scan(&existing)
@@ -146,6 +157,9 @@ func Customer(ctx context.Context, pool *pgxpool.Pool, api *client.API, account,
 	cus, err := api.Customers.New(params)
 	if err != nil {
 		return "", false, fmt.Errorf("provision: create customer: %w", err)
+	}
+	if r := field.Text(cus.ID, field.MaxStripeIDBytes); r != "" {
+		return "", false, fmt.Errorf("provision: create customer: Stripe answered a customer id that cannot be stored: %s", r)
 	}
 	_, err = pool.Exec(ctx, `
 		INSERT INTO tenant_billing (tenant, destination_account, stripe_customer) VALUES ($1, $2, $3)

@@ -69,7 +69,9 @@ func (e *Emulator) handleAdjustmentCreate(c *call) reply {
 		}
 		ev.Cancelled, ev.CancelledAt = true, now
 		e.cancelledN++
-		e.totals[ev.EventName] -= ev.Value
+		if e.totals[ev.EventName] != nil {
+			e.totals[ev.EventName].Sub(e.totals[ev.EventName], ev.ExactValue())
+		}
 		body := adjustmentJSON{Object: "billing.meter_event_adjustment", EventName: eventName, Livemode: c.livemode, Status: "pending", Type: "cancel"}
 		body.Cancel.Identifier = identifier
 		return executed{reply: jsonReply(http.StatusOK, body, OutcomeOK), save: true}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/big"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -97,6 +98,9 @@ type Config struct {
 	// RequestLogLimit: request records kept (oldest dropped first).
 	// Defaults to RequestLogLimitDefault.
 	RequestLogLimit int
+	// Reconcile: summary lag, error report delivery, invoice grace
+	// (reconcile.go).
+	Reconcile ReconcileConfig
 }
 
 func (c *Config) setDefaults() {
@@ -162,14 +166,16 @@ type Emulator struct {
 	idemQueue []idemQueued
 
 	inflight     map[pairKey]int
-	inflightN    int                // sum of inflight
-	executingN   int                // idem entries running
-	cancelledN   int                // applied events cancelled
-	totals       map[string]float64 // AppliedTotals, kept as events apply and cancel
+	inflightN    int                 // sum of inflight
+	executingN   int                 // idem entries running
+	cancelledN   int                 // applied events cancelled
+	totals       map[string]*big.Rat // AppliedTotals, kept exactly as events apply and cancel
 	overlaps     int
 	overlapsPair map[pairKey]int
 
 	scripts map[string][]Answer
+
+	rec reconState // reconcile.go
 
 	counts   map[Outcome]int
 	requests []RequestRecord
@@ -217,11 +223,12 @@ func New(cfg Config) (*Emulator, error) {
 		byPair:       map[pairKey][]int{},
 		idem:         map[[32]byte]*idemEntry{},
 		inflight:     map[pairKey]int{},
-		totals:       map[string]float64{},
+		totals:       map[string]*big.Rat{},
 		overlapsPair: map[pairKey]int{},
 		scripts:      map[string][]Answer{},
 		counts:       map[Outcome]int{},
 	}
+	e.initReconcile()
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/customers", e.authed(RouteCustomerCreate, e.handleCustomerCreate))
 	mux.HandleFunc("GET /v1/customers/{id}", e.authed(RouteCustomerGet, e.handleCustomerGet))
@@ -235,6 +242,7 @@ func New(cfg Config) (*Emulator, error) {
 	mux.HandleFunc("POST /v1/billing/meter_events", e.authed(RouteMeterEventCreate, e.handleMeterEventCreate))
 	mux.HandleFunc("POST /v1/billing/meter_event_adjustments", e.authed(RouteAdjustmentCreate, e.handleAdjustmentCreate))
 	e.registerControl(mux)
+	e.registerReconcile(mux)
 	mux.HandleFunc("/", e.authed(RouteUnknown, e.handleUnknown))
 	e.mux = mux
 	return e, nil

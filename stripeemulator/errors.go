@@ -32,6 +32,9 @@ const (
 	CodeValueNotFound = "meter_event_value_not_found"
 	// CodeInvalidValue: the payload value is not a finite number.
 	CodeInvalidValue = "meter_event_invalid_value"
+	// CodeValueTooManyDigits: the payload value has more than
+	// MaxValueDigits significant digits (Stripe reports it asynchronously).
+	CodeValueTooManyDigits = "meter_event_value_too_many_digits"
 	// CodeTimestampTooFarInPast: timestamp older than 35 days.
 	CodeTimestampTooFarInPast = "timestamp_too_far_in_past"
 	// CodeTimestampInFuture: timestamp more than 5 minutes ahead.

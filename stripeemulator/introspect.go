@@ -2,6 +2,7 @@ package stripeemulator
 
 import (
 	"encoding/json"
+	"math/big"
 	"net/http"
 	"slices"
 	"time"
@@ -53,7 +54,8 @@ type AppliedEvent struct {
 	EventName   string
 	MeterID     string
 	Customer    string
-	Value       float64   // payload[<value key>] parsed as a decimal number
+	Value       float64   // payload[<value key>] parsed as a decimal number (exact for integers; ExactValue always)
+	exact       *big.Rat  // the same value, exactly; never mutated
 	Timestamp   time.Time // the event's timestamp (second precision, UTC)
 	ReceivedAt  time.Time // the emulator clock when applied
 	Cancelled   bool      // cancelled by a meter event adjustment
@@ -123,13 +125,27 @@ func (e *Emulator) Applied() []AppliedEvent {
 }
 
 // AppliedTotals returns, per event_name, the sum of the values of applied
-// events that are not cancelled: what the account would bill.
+// events that are not cancelled: what the account would bill, rounded to
+// the nearest float64 (exact below 2^53 for integer values). The oracle
+// that must be exact uses AppliedTotalsExact.
 func (e *Emulator) AppliedTotals() map[string]float64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	out := make(map[string]float64, len(e.totals))
 	for k, v := range e.totals {
-		out[k] = v
+		out[k] = ratFloat(v)
+	}
+	return out
+}
+
+// AppliedTotalsExact is AppliedTotals without rounding: the sums are kept
+// as exact rationals of the decimal values applied.
+func (e *Emulator) AppliedTotalsExact() map[string]*big.Rat {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[string]*big.Rat, len(e.totals))
+	for k, v := range e.totals {
+		out[k] = new(big.Rat).Set(v)
 	}
 	return out
 }

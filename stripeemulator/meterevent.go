@@ -1,6 +1,7 @@
 package stripeemulator
 
 import (
+	"math/big"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -238,8 +239,12 @@ func (e *Emulator) applyMeterEvent(c *call, eventName, identifier string, payloa
 		return reject(CodeValueNotFound, "payload", "The payload has no value under the meter's value key payload[%s].", m.ValueKey)
 	}
 	value, err := strconv.ParseFloat(raw, 64)
-	if !decimal.MatchString(raw) || err != nil {
+	exact, ok := exactValue(raw)
+	if !decimal.MatchString(raw) || err != nil || !ok {
 		return reject(CodeInvalidValue, "payload", "The value under payload[%s] must be a decimal number.", m.ValueKey)
+	}
+	if significantDigits(raw) > MaxValueDigits {
+		return reject(CodeValueTooManyDigits, "payload", "The value under payload[%s] has more than %d significant digits.", m.ValueKey, MaxValueDigits)
 	}
 	at := time.Unix(ts, 0).UTC()
 	if at.Before(now.Add(-e.cfg.MaxPast)) {
@@ -252,8 +257,11 @@ func (e *Emulator) applyMeterEvent(c *call, eventName, identifier string, payloa
 
 	idx := len(e.events)
 	e.events = append(e.events, AppliedEvent{Identifier: identifier, EventName: m.EventName, MeterID: m.ID,
-		Customer: cust, Value: value, Timestamp: at, ReceivedAt: now})
-	e.totals[m.EventName] += value
+		Customer: cust, Value: value, exact: exact, Timestamp: at, ReceivedAt: now})
+	if e.totals[m.EventName] == nil {
+		e.totals[m.EventName] = new(big.Rat)
+	}
+	e.totals[m.EventName].Add(e.totals[m.EventName], exact)
 	st.applications++
 	st.last = idx
 	e.ids[identifier] = st

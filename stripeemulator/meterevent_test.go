@@ -62,6 +62,16 @@ func TestMeterEventRules(t *testing.T) {
 			params: func() *stripe.BillingMeterEventParams { return event("id-nan", custA, "ten", epoch) }},
 		{name: "value Inf refused", wantStatus: 400, wantCode: stripeemulator.CodeInvalidValue,
 			params: func() *stripe.BillingMeterEventParams { return event("id-inf", custA, "Inf", epoch) }},
+		{name: "15 significant digits", params: func() *stripe.BillingMeterEventParams { return event("id-15", custA, "999999999999999", epoch) }},
+		{name: "15 significant digits with zeros around", params: func() *stripe.BillingMeterEventParams {
+			return event("id-15z", custA, "000123456789012.345000", epoch)
+		}},
+		{name: "16 digits refused", wantStatus: 400, wantCode: stripeemulator.CodeValueTooManyDigits,
+			params: func() *stripe.BillingMeterEventParams { return event("id-16", custA, "1000000000000000", epoch) }},
+		{name: "19 digits refused", wantStatus: 400, wantCode: stripeemulator.CodeValueTooManyDigits,
+			params: func() *stripe.BillingMeterEventParams { return event("id-19", custA, "9223372036854775807", epoch) }},
+		{name: "16 significant decimal digits refused", wantStatus: 400, wantCode: stripeemulator.CodeValueTooManyDigits,
+			params: func() *stripe.BillingMeterEventParams { return event("id-16d", custA, "0.1234567890123456", epoch) }},
 		{name: "exactly 35 days old", params: func() *stripe.BillingMeterEventParams {
 			return event("id-35d", custA, "1", epoch.Add(-35*24*time.Hour))
 		}},

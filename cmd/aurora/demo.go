@@ -224,7 +224,7 @@ func printSummary(cmd *cobra.Command, s *demo.Summary, kept bool) {
 		fmt.Fprintf(w, "    line %d: %s\n", m.Line, m.Reason)
 	}
 	for _, r := range s.FirstRejected {
-		fmt.Fprintf(w, "    event %s: %s\n", r.EventID, r.Reason)
+		fmt.Fprintf(w, "    line %d, event %s: %s\n", r.Line, r.EventID, r.Reason)
 	}
 	if s.Drained {
 		fmt.Fprintf(w, "  items staged      %d; staged to resolved in %.1fs (%.0f items/s), drained=true\n", s.ItemsStaged, s.ElapsedSeconds, s.ItemsPerSecond)

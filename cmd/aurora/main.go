@@ -4,6 +4,8 @@
 //	aurora deliverer        claim, send to Stripe, record outcomes
 //	aurora stripe-emulator  a local Stripe meter-events emulator
 //	aurora inbox            the Stripe webhook inbox and its worker
+//	aurora reconciler       reconcile the ledger with Stripe, confirm what it shows
+//	aurora gauges           the database-derived gauges operators watch (one replica)
 //	aurora demo             the whole export pipeline on real usage
 //	aurora migrate          apply the schema (same as auroractl migrate up)
 //
@@ -33,7 +35,8 @@ func main() {
 	os.Exit(code)
 }
 
-func run(ctx context.Context, args []string) int {
+// newRootCmd returns the aurora command tree.
+func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "aurora",
 		Short:         "aurora moves billing facts between Postgres and Stripe with money-grade guarantees",
@@ -46,11 +49,19 @@ func run(ctx context.Context, args []string) int {
 		newDemoCmd(),
 		// subcommands: add one line each, below this marker
 		newDelivererCmd(),
+		newGaugesCmd(),
 		newRelayCmd(),
 		newReporterCmd(),
 		newInboxCmd(),
+		newReconcilerCmd(),
 		newStripeEmulatorCmd(),
 	)
+	installVarHooks(root)
+	return root
+}
+
+func run(ctx context.Context, args []string) int {
+	root := newRootCmd()
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)

@@ -16,8 +16,13 @@
 //
 // with an optional "corrects":"<event_id>" making it a correction.
 //
-// A malformed line is counted and reported with its line number (the first
-// MaxReported), never staged, and never aborts the read.
+// A JSONL line is one JSON object and nothing after it, in valid UTF-8
+// (invalid bytes are refused, never replaced). Every event a line yields is
+// checked with usage.Event.Validate (text bounds, no NUL, quantities within
+// 15 significant digits); a line that fails is malformed as a whole.
+//
+// A malformed line is counted and reported with its line number and reason
+// (the first MaxReported), never staged, and never aborts the read.
 package feed
 
 import (
@@ -34,6 +39,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aurora-billing/aurora/shared/usage"
 )
@@ -44,8 +50,9 @@ const (
 	FeatureEgressBytes = "egress_bytes"
 )
 
-// MaxReported is how many malformed lines are kept with their line numbers.
-const MaxReported = 5
+// MaxReported is how many malformed lines are kept with their line numbers
+// and reasons (all of them are counted).
+const MaxReported = 20
 
 // Format of an input.
 type Format string
@@ -67,6 +74,7 @@ type Malformed struct {
 // Result is what a read produced.
 type Result struct {
 	Events         []usage.Event
+	EventLines     []int       // EventLines[i] is the 1-based input line of Events[i] (the generator: its request number)
 	Lines          int         // lines read, blank lines excluded
 	MalformedLines int         // lines rejected
 	FirstMalformed []Malformed // the first MaxReported rejected lines
@@ -78,6 +86,21 @@ func (r *Result) reject(line int, reason string) {
 	if len(r.FirstMalformed) < MaxReported {
 		r.FirstMalformed = append(r.FirstMalformed, Malformed{Line: line, Reason: reason})
 	}
+}
+
+func (r *Result) add(line int, evs ...usage.Event) {
+	for _, ev := range evs {
+		r.Events = append(r.Events, ev)
+		r.EventLines = append(r.EventLines, line)
+	}
+}
+
+// LineOf returns the input line of Events[i] (0 when unknown).
+func (r *Result) LineOf(i int) int {
+	if i < 0 || i >= len(r.EventLines) {
+		return 0
+	}
+	return r.EventLines[i]
 }
 
 func (r *Result) countTenants() {
@@ -223,10 +246,17 @@ func readAccessLog(r io.Reader, source string) (*Result, error) {
 		}
 		tenant := Tenant(rec.Host)
 		id := fmt.Sprintf("%s:%d:", source, n)
-		res.Events = append(res.Events, usage.Event{Tenant: tenant, EventID: id + FeatureAPICalls, Feature: FeatureAPICalls, Quantity: 1, OccurredAt: rec.Time})
+		evs := []usage.Event{{Tenant: tenant, EventID: id + FeatureAPICalls, Feature: FeatureAPICalls, Quantity: 1, OccurredAt: rec.Time}}
 		if rec.Bytes > 0 {
-			res.Events = append(res.Events, usage.Event{Tenant: tenant, EventID: id + FeatureEgressBytes, Feature: FeatureEgressBytes, Quantity: rec.Bytes, OccurredAt: rec.Time})
+			evs = append(evs, usage.Event{Tenant: tenant, EventID: id + FeatureEgressBytes, Feature: FeatureEgressBytes, Quantity: rec.Bytes, OccurredAt: rec.Time})
 		}
+		for _, ev := range evs {
+			if err := ev.Validate(); err != nil {
+				res.reject(n, err.Error())
+				return
+			}
+		}
+		res.add(n, evs...)
 	})
 	if err != nil {
 		return nil, err
@@ -315,13 +345,9 @@ func readJSONL(r io.Reader) (*Result, error) {
 			return
 		}
 		res.Lines++
-		dec := json.NewDecoder(bytes.NewReader(line))
-		dec.DisallowUnknownFields()
-		var rec jsonlRecord
-		if err := dec.Decode(&rec); err != nil {
-			// The decoder's reason (syntax error offset, unknown or mistyped
-			// field name) names no value from the line.
-			res.reject(n, "invalid JSON object: "+strings.TrimPrefix(err.Error(), "json: "))
+		rec, reason := decodeJSONLine(line)
+		if reason != "" {
+			res.reject(n, reason)
 			return
 		}
 		if rec.Quantity == nil {
@@ -341,13 +367,36 @@ func readJSONL(r io.Reader) (*Result, error) {
 			res.reject(n, err.Error())
 			return
 		}
-		res.Events = append(res.Events, ev)
+		res.add(n, ev)
 	})
 	if err != nil {
 		return nil, err
 	}
 	res.countTenants()
 	return res, nil
+}
+
+// decodeJSONLine decodes one JSONL line (already trimmed, not empty) into
+// a record, or returns why it is malformed. The reasons (invalid UTF-8, not
+// an object, the decoder's syntax error offset, unknown or mistyped field
+// name, trailing data) name no value from the line.
+func decodeJSONLine(line []byte) (jsonlRecord, string) {
+	var rec jsonlRecord
+	if !utf8.Valid(line) {
+		return rec, "line is not valid UTF-8"
+	}
+	if line[0] != '{' {
+		return rec, "not a JSON object"
+	}
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&rec); err != nil {
+		return rec, "invalid JSON object: " + strings.TrimPrefix(err.Error(), "json: ")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return rec, "trailing data after the JSON object"
+	}
+	return rec, ""
 }
 
 // Generate returns a deterministic synthetic workload: events spread over
@@ -361,9 +410,9 @@ func Generate(seed uint64, tenants, requests int, now time.Time) *Result {
 		tenant := fmt.Sprintf("tn_gen_%03d", rng.IntN(max(tenants, 1)))
 		at := now.Add(-time.Duration(rng.Int64N(int64(time.Hour)))).Truncate(time.Second).UTC()
 		id := fmt.Sprintf("gen-%d:%d:", seed, i)
-		res.Events = append(res.Events, usage.Event{Tenant: tenant, EventID: id + FeatureAPICalls, Feature: FeatureAPICalls, Quantity: 1, OccurredAt: at})
+		res.add(i+1, usage.Event{Tenant: tenant, EventID: id + FeatureAPICalls, Feature: FeatureAPICalls, Quantity: 1, OccurredAt: at})
 		if rng.IntN(4) != 0 {
-			res.Events = append(res.Events, usage.Event{Tenant: tenant, EventID: id + FeatureEgressBytes, Feature: FeatureEgressBytes, Quantity: 200 + rng.Int64N(200_000), OccurredAt: at})
+			res.add(i+1, usage.Event{Tenant: tenant, EventID: id + FeatureEgressBytes, Feature: FeatureEgressBytes, Quantity: 200 + rng.Int64N(200_000), OccurredAt: at})
 		}
 	}
 	res.countTenants()

@@ -14,8 +14,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
-	"unicode/utf8"
+
+	"github.com/aurora-billing/aurora/shared/field"
 )
 
 // SubjectKind is what an item exports. The same list is a CHECK constraint on
@@ -90,16 +90,22 @@ type Identity struct {
 }
 
 // Validate returns a *FieldError (wrapping ErrInvalid) naming the first bad
-// field, or nil.
+// field, or nil. String parts follow field.Text (not blank, valid UTF-8, no
+// NUL, U+FFFD or control characters): tenant at most field.MaxTenantBytes,
+// destination_account at most field.MaxStripeIDBytes, subject_ref and
+// exporter at most MaxKeyPartBytes.
 func (id Identity) Validate() error {
-	for _, p := range []struct{ name, v string }{
-		{"tenant", id.Tenant},
-		{"subject_ref", id.SubjectRef},
-		{"exporter", id.Exporter},
-		{"destination_account", id.DestinationAccount},
+	for _, p := range []struct {
+		name, v string
+		max     int
+	}{
+		{"tenant", id.Tenant, field.MaxTenantBytes},
+		{"subject_ref", id.SubjectRef, MaxKeyPartBytes},
+		{"exporter", id.Exporter, MaxKeyPartBytes},
+		{"destination_account", id.DestinationAccount, field.MaxStripeIDBytes},
 	} {
-		if err := validPart(p.name, p.v); err != nil {
-			return err
+		if r := field.Text(p.v, p.max); r != "" {
+			return &FieldError{Field: p.name, Reason: r}
 		}
 	}
 	if !id.SubjectKind.Valid() {
@@ -110,20 +116,6 @@ func (id Identity) Validate() error {
 	}
 	if id.MappingVersion < 0 {
 		return &FieldError{Field: "mapping_version", Reason: "must be >= 0"}
-	}
-	return nil
-}
-
-func validPart(name, v string) error {
-	switch {
-	case strings.TrimSpace(v) == "":
-		return &FieldError{Field: name, Reason: "must not be empty"}
-	case !utf8.ValidString(v):
-		return &FieldError{Field: name, Reason: "must be valid UTF-8"}
-	case len(v) > MaxKeyPartBytes:
-		return &FieldError{Field: name, Reason: fmt.Sprintf("longer than %d bytes", MaxKeyPartBytes)}
-	case strings.ContainsRune(v, 0):
-		return &FieldError{Field: name, Reason: "must not contain NUL"}
 	}
 	return nil
 }

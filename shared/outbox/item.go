@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/aurora-billing/aurora/shared/field"
 	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -27,7 +28,11 @@ type Item struct {
 }
 
 // Validate returns a *FieldError (wrapping ErrInvalidItem, and
-// identity.ErrInvalid for identity fields) naming the first bad field.
+// identity.ErrInvalid for identity fields) naming the first bad field: the
+// identity's rules (identity.Identity.Validate), a feature name
+// (field.Feature), a quantity within 15 significant digits
+// (field.MaxQuantity, Stripe's limit on a meter event value), a set
+// occurred_at and a payload that is a JSON object.
 func (it Item) Validate() error {
 	if err := it.Identity.Validate(); err != nil {
 		var fe *identity.FieldError
@@ -36,8 +41,11 @@ func (it Item) Validate() error {
 		}
 		return err
 	}
-	if it.Feature == "" {
-		return &FieldError{Field: "feature", Reason: "must not be empty"}
+	if r := field.Feature(it.Feature); r != "" {
+		return &FieldError{Field: "feature", Reason: r}
+	}
+	if r := field.Quantity(it.Quantity, true); r != "" {
+		return &FieldError{Field: "quantity", Reason: r}
 	}
 	if it.OccurredAt.IsZero() {
 		return &FieldError{Field: "occurred_at", Reason: "must be set"}

@@ -9,9 +9,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/aurora-billing/aurora/shared/field"
 	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/jackc/pgx/v5"
@@ -80,21 +80,38 @@ func (e Event) Kind() identity.SubjectKind {
 	return identity.SubjectEvent
 }
 
-// Validate returns a *FieldError for the first bad field.
+// Validate returns a *FieldError for the first bad field, checked with
+// package field's rules: tenant and event_id are text of at most
+// field.MaxTenantBytes / field.MaxEventIDBytes (valid UTF-8, no NUL or
+// control characters), feature a feature name (field.Feature), the
+// quantity within 15 significant digits (field.MaxQuantity) and ≥ 0 for an
+// event, corrects_event_id text like event_id and not the event itself.
 func (e Event) Validate() error {
-	switch {
-	case strings.TrimSpace(e.Tenant) == "":
-		return &FieldError{"tenant", "must not be empty"}
-	case strings.TrimSpace(e.EventID) == "":
-		return &FieldError{"event_id", "must not be empty"}
-	case strings.TrimSpace(e.Feature) == "":
-		return &FieldError{"feature", "must not be empty"}
-	case e.OccurredAt.IsZero():
+	if r := field.Text(e.Tenant, field.MaxTenantBytes); r != "" {
+		return &FieldError{"tenant", r}
+	}
+	if r := field.Text(e.EventID, field.MaxEventIDBytes); r != "" {
+		return &FieldError{"event_id", r}
+	}
+	if r := field.Feature(e.Feature); r != "" {
+		return &FieldError{"feature", r}
+	}
+	if e.OccurredAt.IsZero() {
 		return &FieldError{"occurred_at", "must be set"}
-	case e.CorrectsEventID == "" && e.Quantity < 0:
+	}
+	if e.CorrectsEventID == "" && e.Quantity < 0 {
 		return &FieldError{"quantity", "must be >= 0 for an event (use a correction to remove usage)"}
-	case e.CorrectsEventID == e.EventID:
-		return &FieldError{"corrects_event_id", "an event cannot correct itself"}
+	}
+	if r := field.Quantity(e.Quantity, true); r != "" {
+		return &FieldError{"quantity", r}
+	}
+	if e.CorrectsEventID != "" {
+		if r := field.Text(e.CorrectsEventID, field.MaxEventIDBytes); r != "" {
+			return &FieldError{"corrects_event_id", r}
+		}
+		if e.CorrectsEventID == e.EventID {
+			return &FieldError{"corrects_event_id", "an event cannot correct itself"}
+		}
 	}
 	return nil
 }
@@ -199,17 +216,19 @@ func linkItem(ctx context.Context, tx pgx.Tx, ev Event, itemID int64) error {
 	return nil
 }
 
-// Increment adds n (≥ 0) to the buffered counter of (tenant, feature, the
+// Increment adds n (0 ≤ n ≤ field.MaxQuantity) to the buffered counter of (tenant, feature, the
 // period containing at) in tx and returns the new count.
 func (r Recorder) Increment(ctx context.Context, tx pgx.Tx, tenant, feature string, at time.Time, n int64) (int64, error) {
-	switch {
-	case strings.TrimSpace(tenant) == "":
-		return 0, &FieldError{"tenant", "must not be empty"}
-	case strings.TrimSpace(feature) == "":
-		return 0, &FieldError{"feature", "must not be empty"}
-	case n < 0:
-		return 0, &FieldError{"quantity", "must be >= 0"}
-	case at.IsZero():
+	if r := field.Text(tenant, field.MaxTenantBytes); r != "" {
+		return 0, &FieldError{"tenant", r}
+	}
+	if r := field.Feature(feature); r != "" {
+		return 0, &FieldError{"feature", r}
+	}
+	if r := field.Quantity(n, false); r != "" {
+		return 0, &FieldError{"quantity", r}
+	}
+	if at.IsZero() {
 		return 0, &FieldError{"occurred_at", "must be set"}
 	}
 	var count int64

@@ -1,0 +1,311 @@
+package gauge
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aurora-billing/aurora/inbox"
+	"github.com/aurora-billing/aurora/reconciler"
+	"github.com/aurora-billing/aurora/shared/clock"
+	"github.com/aurora-billing/aurora/shared/outbox"
+	"github.com/jackc/pgx/v5"
+)
+
+// Beginner opens the read-only transaction a measurement runs in;
+// *pgxpool.Pool and *pgx.Conn satisfy it.
+type Beginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// Reader measures Snapshots. It is safe for concurrent use.
+type Reader struct {
+	db  Beginner
+	cfg Config
+	clk clock.Clock
+	// now is the process clock, used only to decide whether a cached
+	// Snapshot is still fresh (never for a figure).
+	now func() time.Time
+
+	mu     sync.Mutex
+	last   Snapshot
+	lastAt time.Time
+	have   bool
+}
+
+// Option configures a Reader.
+type Option func(*Reader)
+
+// WithClock measures ages against c instead of the database's now() (tests
+// use clock.Manual). nil means the database clock.
+func WithClock(c clock.Clock) Option { return func(r *Reader) { r.clk = clock.Or(c) } }
+
+// NewReader returns a Reader over db. cfg must be valid (Config.Validate).
+func NewReader(db Beginner, cfg Config, opts ...Option) (*Reader, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	r := &Reader{db: db, cfg: cfg, clk: clock.DB{}, now: time.Now}
+	for _, o := range opts {
+		o(r)
+	}
+	return r, nil
+}
+
+// Cached returns the last Snapshot if it is younger than
+// Config.MinIntervalMS, else measures a new one. Failures are not cached:
+// the next call queries again.
+func (r *Reader) Cached(ctx context.Context) (Snapshot, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.have && r.now().Sub(r.lastAt) < r.cfg.minInterval() {
+		return r.last, nil
+	}
+	s, err := r.Read(ctx)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	r.last, r.lastAt, r.have = s, r.now(), true
+	return s, nil
+}
+
+// Read measures every figure now, in one read-only transaction whose
+// statements each run under statement_timeout = Config.QueryTimeoutMS, the
+// whole measurement bounded by the same deadline. Any failure is ErrQuery
+// wrapping the cause and naming the figure; no partial Snapshot is returned.
+func (r *Reader) Read(ctx context.Context) (Snapshot, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.queryTimeout())
+	defer cancel()
+	tx, err := r.db.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("%w: begin: %w", ErrQuery, err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read-only; nothing to keep
+	if _, err := tx.Exec(ctx, sqlSetTimeout, strconv.Itoa(r.cfg.QueryTimeoutMS)); err != nil {
+		return Snapshot{}, fmt.Errorf("%w: statement_timeout: %w", ErrQuery, err)
+	}
+	s := Snapshot{CountCap: r.cfg.CountCap}
+	steps := []struct {
+		figure string
+		fn     func(context.Context, pgx.Tx, *Snapshot) error
+	}{
+		{"outbox backlog age", r.outboxAges},
+		{"outbox item counts", r.outboxCounts},
+		{"outbox quarantine by reason", r.outboxQuarantine},
+		{"inbox", r.inboxFigures},
+		{"inbox dead letters", r.inboxDeadLetters},
+		{"reconciliation items", r.reconciliation},
+	}
+	for _, st := range steps {
+		if err := st.fn(ctx, tx, &s); err != nil {
+			return Snapshot{}, fmt.Errorf("%w: %s: %w", ErrQuery, st.figure, err)
+		}
+	}
+	return s, nil
+}
+
+// sqlSetTimeout applies to this transaction only.
+const sqlSetTimeout = `SELECT set_config('statement_timeout', $1, true)`
+
+// outboxAgesParams are the parameters of sqlOutboxAges.
+type outboxAgesParams struct {
+	Now *time.Time // nil: the database's now()
+}
+
+// sqlOutboxAges: each ORDER BY … LIMIT 1 is one probe of outbox_items_open_created_idx
+// (migration 00040) or outbox_items_uncertain_idx. States are literals, not
+// parameters, so a cached generic plan still matches the partial indexes.
+const sqlOutboxAges = `
+SELECT n.now,
+       greatest(0, coalesce(extract(epoch FROM n.now - (SELECT created_at FROM outbox_items WHERE state = 'pending' ORDER BY created_at LIMIT 1)), 0))::float8,
+       greatest(0, coalesce(extract(epoch FROM n.now - (SELECT created_at FROM outbox_items WHERE state = 'leased' ORDER BY created_at LIMIT 1)), 0))::float8,
+       greatest(0, coalesce(extract(epoch FROM n.now - (SELECT created_at FROM outbox_items WHERE state = 'accepted' ORDER BY created_at LIMIT 1)), 0))::float8,
+       greatest(0, coalesce(extract(epoch FROM n.now - (SELECT updated_at FROM outbox_items WHERE state = 'uncertain' ORDER BY updated_at LIMIT 1)), 0))::float8,
+       (SELECT coalesce(max(id), 0) FROM outbox_items)
+  FROM (SELECT coalesce(@now::timestamptz, now()) AS now) n`
+
+func (r *Reader) outboxAges(ctx context.Context, tx pgx.Tx, s *Snapshot) error {
+	p := outboxAgesParams{Now: r.clk.Override()}
+	var pending, leased, accepted float64
+	err := tx.QueryRow(ctx, sqlOutboxAges, pgx.NamedArgs{"now": p.Now}).Scan(
+		&s.MeasuredAt, &pending, &leased, &accepted, &s.Outbox.UncertainOldestAgeSeconds, &s.Outbox.LastItemID)
+	if err != nil {
+		return err
+	}
+	s.MeasuredAt = s.MeasuredAt.UTC()
+	s.Outbox.BacklogAgeSeconds = map[outbox.State]float64{
+		outbox.StatePending: pending, outbox.StateLeased: leased, outbox.StateAccepted: accepted,
+	}
+	return nil
+}
+
+// countParams are the parameters of the capped counts.
+type countParams struct {
+	Cap int // the most rows one count reads
+}
+
+// sqlOutboxCounts: each count reads at most @cap entries of a partial index
+// (pending_due, leased_expiry, uncertain, quarantined).
+const sqlOutboxCounts = `
+SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox_items WHERE state = 'pending' LIMIT @cap) c),
+       (SELECT count(*) FROM (SELECT 1 FROM outbox_items WHERE state = 'leased' LIMIT @cap) c),
+       (SELECT count(*) FROM (SELECT 1 FROM outbox_items WHERE state = 'uncertain' LIMIT @cap) c),
+       (SELECT count(*) FROM (SELECT 1 FROM outbox_items WHERE state = 'quarantined' LIMIT @cap) c)`
+
+func (r *Reader) outboxCounts(ctx context.Context, tx pgx.Tx, s *Snapshot) error {
+	p := countParams{Cap: r.cfg.CountCap}
+	var pending, leased, uncertain, quarantined int64
+	if err := tx.QueryRow(ctx, sqlOutboxCounts, pgx.NamedArgs{"cap": p.Cap}).Scan(&pending, &leased, &uncertain, &quarantined); err != nil {
+		return err
+	}
+	s.Outbox.Items = map[outbox.State]int64{
+		outbox.StatePending: pending, outbox.StateLeased: leased,
+		outbox.StateUncertain: uncertain, outbox.StateQuarantined: quarantined,
+	}
+	return nil
+}
+
+// reasonCountParams are the parameters of the per-reason capped counts.
+type reasonCountParams struct {
+	Cap     int
+	Reasons []string // the known reasons; anything else counts as ReasonOther
+}
+
+// sqlOutboxQuarantine: one capped probe of outbox_items_quarantined_idx
+// (quarantine_reason, updated_at) per known reason, and one for the rest.
+const sqlOutboxQuarantine = `
+SELECT r.reason,
+       (SELECT count(*) FROM (SELECT 1 FROM outbox_items
+                               WHERE state = 'quarantined' AND quarantine_reason = r.reason LIMIT @cap) c)
+  FROM unnest(@reasons::text[]) AS r(reason)
+UNION ALL
+SELECT '` + ReasonOther + `',
+       (SELECT count(*) FROM (SELECT 1 FROM outbox_items
+                               WHERE state = 'quarantined' AND quarantine_reason <> ALL(@reasons::text[]) LIMIT @cap) c)`
+
+func (r *Reader) outboxQuarantine(ctx context.Context, tx pgx.Tx, s *Snapshot) error {
+	p := reasonCountParams{Cap: r.cfg.CountCap}
+	for _, x := range outbox.Reasons {
+		p.Reasons = append(p.Reasons, string(x))
+	}
+	by, err := scanCounts(ctx, tx, sqlOutboxQuarantine, pgx.NamedArgs{"cap": p.Cap, "reasons": p.Reasons})
+	if err != nil {
+		return err
+	}
+	s.Outbox.QuarantinedByReason = by
+	return nil
+}
+
+// inboxParams are the parameters of sqlInbox.
+type inboxParams struct {
+	Now *time.Time
+	Cap int
+}
+
+// sqlInbox: pending rows are the partial index billing_events_due (which
+// holds received_at); unprocessed rows are pending plus dead letters.
+const sqlInbox = `
+SELECT (SELECT count(*) FROM (SELECT 1 FROM billing_events
+                               WHERE processed_at IS NULL AND dead_letter_at IS NULL LIMIT @cap) c),
+       (SELECT coalesce(max(attempts), 0) FROM (SELECT attempts FROM billing_events
+                               WHERE processed_at IS NULL AND dead_letter_at IS NULL LIMIT @cap) c),
+       greatest(0, coalesce(extract(epoch FROM coalesce(@now::timestamptz, now()) -
+           (SELECT received_at FROM billing_events WHERE processed_at IS NULL AND dead_letter_at IS NULL
+             ORDER BY received_at LIMIT 1)), 0))::float8`
+
+func (r *Reader) inboxFigures(ctx context.Context, tx pgx.Tx, s *Snapshot) error {
+	p := inboxParams{Now: r.clk.Override(), Cap: r.cfg.CountCap}
+	return tx.QueryRow(ctx, sqlInbox, pgx.NamedArgs{"now": p.Now, "cap": p.Cap}).Scan(
+		&s.Inbox.Pending, &s.Inbox.HighestPendingAttempts, &s.Inbox.OldestPendingAgeSeconds)
+}
+
+// sqlInboxDeadLetters reads at most @cap entries of billing_events_dead_letter.
+const sqlInboxDeadLetters = `
+SELECT CASE WHEN d.reason = ANY(@reasons::text[]) THEN d.reason ELSE '` + ReasonOther + `' END, count(*)
+  FROM (SELECT coalesce(last_reason, '') AS reason FROM billing_events
+         WHERE processed_at IS NULL AND dead_letter_at IS NOT NULL LIMIT @cap) d
+ GROUP BY 1`
+
+func (r *Reader) inboxDeadLetters(ctx context.Context, tx pgx.Tx, s *Snapshot) error {
+	p := reasonCountParams{Cap: r.cfg.CountCap}
+	for _, x := range inbox.Reasons {
+		p.Reasons = append(p.Reasons, string(x))
+	}
+	by, err := scanCounts(ctx, tx, sqlInboxDeadLetters, pgx.NamedArgs{"cap": p.Cap, "reasons": p.Reasons})
+	if err != nil {
+		return err
+	}
+	for _, x := range p.Reasons {
+		by[x] += 0
+	}
+	by[ReasonOther] += 0
+	s.Inbox.DeadLetters = by
+	return nil
+}
+
+// scanCounts reads (label, count) rows, summing rows of the same label.
+func scanCounts(ctx context.Context, tx pgx.Tx, sql string, args pgx.NamedArgs) (map[string]int64, error) {
+	rows, err := tx.Query(ctx, sql, args)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	var (
+		label string
+		n     int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&label, &n}, func() error {
+		out[label] += n
+		return nil
+	})
+	return out, err
+}
+
+// reconParams are the parameters of sqlReconciliation.
+type reconParams struct {
+	Now   *time.Time
+	Cap   int
+	Kinds []string // the known kinds; anything else counts as ReasonOther
+}
+
+// sqlReconciliation reads at most @cap entries of
+// reconciliation_items_open_idx (first_seen_at, id), oldest first, so each
+// kind's oldest age is exact whatever the cap.
+const sqlReconciliation = `
+SELECT CASE WHEN o.kind = ANY(@kinds::text[]) THEN o.kind ELSE '` + ReasonOther + `' END,
+       count(*),
+       greatest(0, extract(epoch FROM coalesce(@now::timestamptz, now()) - min(o.first_seen_at)))::float8
+  FROM (SELECT kind, first_seen_at FROM reconciliation_items
+         WHERE state = 'open' ORDER BY first_seen_at, id LIMIT @cap) o
+ GROUP BY 1`
+
+func (r *Reader) reconciliation(ctx context.Context, tx pgx.Tx, s *Snapshot) error {
+	p := reconParams{Now: r.clk.Override(), Cap: r.cfg.CountCap}
+	for _, k := range reconciler.Kinds {
+		p.Kinds = append(p.Kinds, string(k))
+	}
+	rows, err := tx.Query(ctx, sqlReconciliation, pgx.NamedArgs{"now": p.Now, "cap": p.Cap, "kinds": p.Kinds})
+	if err != nil {
+		return err
+	}
+	open, oldest := map[string]int64{}, map[string]float64{}
+	for _, k := range append(p.Kinds, ReasonOther) {
+		open[k], oldest[k] = 0, 0
+	}
+	var (
+		kind string
+		n    int64
+		age  float64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&kind, &n, &age}, func() error {
+		open[kind] += n
+		oldest[kind] = max(oldest[kind], age)
+		return nil
+	}); err != nil {
+		return err
+	}
+	s.Reconciliation = Reconciliation{OpenByKind: open, OldestOpenAgeSecondsByKind: oldest}
+	return nil
+}
