@@ -29,7 +29,7 @@ func newInboxCmd() *cobra.Command {
 }
 
 func inboxPool(ctx context.Context) (*pgxpool.Pool, error) {
-	url, err := databaseURL()
+	url, err := sessionURL()
 	if err != nil {
 		return nil, err
 	}

@@ -15,7 +15,7 @@ import (
 )
 
 func openPool(cmd *cobra.Command) (*pgxpool.Pool, error) {
-	url, err := databaseURL()
+	url, err := sessionURL()
 	if err != nil {
 		return nil, err
 	}

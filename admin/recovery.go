@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aurora-billing/aurora/reconciler"
 	"github.com/aurora-billing/aurora/recovery"
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -57,7 +58,7 @@ the exact command). There is no force option.`,
 // recoveryService opens AURORA_DATABASE_URL and runs fn with a recovery service
 // on the database clock.
 func recoveryService(ctx context.Context, fn func(*recovery.Service) error) error {
-	dbURL, err := databaseURL()
+	dbURL, err := sessionURL()
 	if err != nil {
 		return err
 	}
@@ -157,10 +158,19 @@ func newRecoveryInspectCmd(asJSON *bool) *cobra.Command {
 				if err != nil {
 					return recoveryExit(err, id, nil)
 				}
+				// what the reconciler knows: is its window settled, did it match
+				ev := reconcileEvidence(cmd.Context(), id)
 				if *asJSON {
-					return recoveryJSON(cmd.OutOrStdout(), recoveryInspectOf(ins))
+					return recoveryJSON(cmd.OutOrStdout(), struct {
+						recoveryInspectView
+						Reconciliation *reconciler.ItemEvidence `json:"reconciliation"`
+					}{recoveryInspectOf(ins), ev})
 				}
-				return renderRecoveryInspect(cmd.OutOrStdout(), ins)
+				if err := renderRecoveryInspect(cmd.OutOrStdout(), ins); err != nil {
+					return err
+				}
+				renderReconcileEvidence(cmd.OutOrStdout(), ev)
+				return nil
 			})
 		},
 	}

@@ -53,7 +53,7 @@ type IO struct {
 func NewRootCmd(streams IO) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "auroractl",
-		Short:         "Operate aurora: migrations, keys, recovery, cutover, inbox dead letters",
+		Short:         "Operate aurora: migrations, keys, recovery, reconciliation, cutover, inbox dead letters",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -94,6 +94,9 @@ func NewRootCmd(streams IO) *cobra.Command {
 		newCutoverCmd(),
 		newInboxCmd(),
 		newRecoveryCmd(),
+		newStatusCmd(),
+		newReconcileCmd(),
+		newUsageCmd(),
 	)
 	return root
 }

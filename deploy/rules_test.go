@@ -70,3 +70,36 @@ func TestPromtoolChecksAndTestsTheRules(t *testing.T) {
 		}
 	}
 }
+
+// Every alert has a RUNBOOK.md section of its name with the five parts, and
+// its runbook annotation points at that section.
+func TestEveryAlertHasARunbookSection(t *testing.T) {
+	b, err := os.ReadFile("../RUNBOOK.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := map[string]string{}
+	for _, part := range strings.Split(string(b), "\n## ")[1:] {
+		title, body, _ := strings.Cut(part, "\n")
+		sections[strings.TrimSpace(title)] = body
+	}
+	rules, err := os.ReadFile("prometheus/alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range alerts(t) {
+		body, ok := sections[a]
+		if !ok {
+			t.Errorf("RUNBOOK.md has no section %q", a)
+			continue
+		}
+		for _, part := range []string{"**Meaning.**", "**Money at stake.**", "**First commands.**", "**Resolve with evidence.**", "**Never.**"} {
+			if !strings.Contains(body, part) {
+				t.Errorf("RUNBOOK.md %s lacks %s", a, part)
+			}
+		}
+		if !strings.Contains(string(rules), "runbook: RUNBOOK.md#"+strings.ToLower(a)+"\n") {
+			t.Errorf("alert %s: no runbook annotation RUNBOOK.md#%s", a, strings.ToLower(a))
+		}
+	}
+}

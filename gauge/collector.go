@@ -19,6 +19,8 @@ const (
 	MetricInboxDeadLetters    = "aurora_db_inbox_dead_letters"
 	MetricInboxHighestAttempt = "aurora_db_inbox_highest_pending_attempts"
 	MetricInboxOldestPending  = "aurora_db_inbox_oldest_pending_age_seconds"
+	MetricReconOpen           = "aurora_db_reconciliation_open_items"
+	MetricReconOldest         = "aurora_db_reconciliation_oldest_open_age_seconds"
 	MetricCountCap            = "aurora_db_count_cap"
 )
 
@@ -43,12 +45,16 @@ var (
 		"Highest attempt count among pending Stripe webhook events (dead letters excluded).", nil, nil)
 	descInboxOldest = prometheus.NewDesc(MetricInboxOldestPending,
 		"Seconds since the oldest pending Stripe webhook event was received; 0 when none.", nil, nil)
+	descReconOpen = prometheus.NewDesc(MetricReconOpen,
+		"Open reconciliation items by kind (read over the aurora_db_count_cap oldest open items).", []string{"kind"}, nil)
+	descReconOldest = prometheus.NewDesc(MetricReconOldest,
+		"Seconds since the oldest open reconciliation item of this kind was first seen; 0 when none.", []string{"kind"}, nil)
 	descCountCap = prometheus.NewDesc(MetricCountCap,
 		"The most rows one count reads (AURORA_GAUGES_COUNT_CAP): a count equal to it means at least this many.", nil, nil)
 )
 
 var allDescs = []*prometheus.Desc{descBacklogAge, descOutboxItems, descUncertainOldest, descQuarantined, descLastItemID,
-	descInboxPending, descInboxDead, descInboxHighest, descInboxOldest, descCountCap}
+	descInboxPending, descInboxDead, descInboxHighest, descInboxOldest, descReconOpen, descReconOldest, descCountCap}
 
 // Collector exports a Reader's Snapshot at scrape time. When the
 // measurement fails it emits an invalid metric instead of any sample, so a
@@ -105,5 +111,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(descInboxHighest, float64(s.Inbox.HighestPendingAttempts))
 	gauge(descInboxOldest, s.Inbox.OldestPendingAgeSeconds)
+	for kind, n := range s.Reconciliation.OpenByKind {
+		gauge(descReconOpen, float64(n), kind)
+	}
+	for kind, age := range s.Reconciliation.OldestOpenAgeSecondsByKind {
+		gauge(descReconOldest, age, kind)
+	}
 	gauge(descCountCap, float64(s.CountCap))
 }

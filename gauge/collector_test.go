@@ -64,8 +64,8 @@ aurora_db_outbox_items{state="uncertain"} 1
 	}
 	// 3 backlog states + 4 counted states + uncertain oldest + 9 quarantine
 	// labels + last id + pending + dead letters (every inbox reason + other)
-	// + highest + oldest + cap.
-	if min := 3 + 4 + 1 + 9 + 1 + 1 + 1 + 1 + 1 + 1; n < min {
+	// + highest + oldest + 11 open kinds + 11 oldest kinds + cap.
+	if min := 3 + 4 + 1 + 9 + 1 + 1 + 1 + 1 + 1 + 11 + 11 + 1; n < min {
 		t.Errorf("%d samples, want at least %d", n, min)
 	}
 	got, err := testutil.GatherAndCount(reg, gauge.MetricQuarantined)

@@ -2,7 +2,8 @@
 // figure an operator watches: the outbox's backlog age by state, its
 // uncertain items (count and oldest), its quarantined items by reason, the
 // webhook inbox's pending events, dead letters by reason, highest attempt
-// count and oldest pending age. Read returns them as one Snapshot; Collector
+// count and oldest pending age, and the open reconciliation items by kind
+// with the oldest one's age. Read returns them as one Snapshot; Collector
 // exports a Snapshot as Prometheus gauges; `auroractl status` prints one.
 //
 // Rules it keeps:

@@ -147,3 +147,31 @@ func (p *proxy) Cut() {
 	}
 	p.conns = nil
 }
+
+// finding is one reconciliation_items row as a fixture.
+type finding struct {
+	kind     string
+	seen     time.Duration // first_seen_at = testNow - seen
+	resolved bool
+}
+
+func insertFindings(t *testing.T, pool *pgxpool.Pool, fs ...finding) {
+	t.Helper()
+	for _, f := range fs {
+		itemSeq++
+		var err error
+		if f.resolved {
+			_, err = pool.Exec(context.Background(), `
+				INSERT INTO reconciliation_items (kind, fingerprint, detail, first_seen_at, state, resolution, resolved_by, resolved_at)
+				VALUES ($1, $2, 'fixture', $3, 'resolved', 'looked at it', 'test', $3)`,
+				f.kind, fmt.Sprintf("fp%d", itemSeq), testNow.Add(-f.seen))
+		} else {
+			_, err = pool.Exec(context.Background(), `
+				INSERT INTO reconciliation_items (kind, fingerprint, detail, first_seen_at) VALUES ($1, $2, 'fixture', $3)`,
+				f.kind, fmt.Sprintf("fp%d", itemSeq), testNow.Add(-f.seen))
+		}
+		if err != nil {
+			t.Fatalf("insert %+v: %v", f, err)
+		}
+	}
+}

@@ -28,6 +28,7 @@ func TestEveryQueryReadsAnIndex(t *testing.T) {
 		{"outbox counts", sqlOutboxCounts, pgx.NamedArgs{"cap": 100}},
 		{"outbox quarantine", sqlOutboxQuarantine, pgx.NamedArgs{"cap": 100, "reasons": []string{"customer_missing"}}},
 		{"inbox", sqlInbox, pgx.NamedArgs{"now": &now, "cap": 100}},
+		{"reconciliation", sqlReconciliation, pgx.NamedArgs{"now": &now, "cap": 100, "kinds": []string{"summary_shortfall"}}},
 		{"inbox dead letters", sqlInboxDeadLetters, pgx.NamedArgs{"cap": 100, "reasons": []string{"unmapped_stripe_price"}}},
 	} {
 		t.Run(q.name, func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/aurora-billing/aurora/inbox"
+	"github.com/aurora-billing/aurora/reconciler"
 	"github.com/aurora-billing/aurora/shared/clock"
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/jackc/pgx/v5"
@@ -95,6 +96,7 @@ func (r *Reader) Read(ctx context.Context) (Snapshot, error) {
 		{"outbox quarantine by reason", r.outboxQuarantine},
 		{"inbox", r.inboxFigures},
 		{"inbox dead letters", r.inboxDeadLetters},
+		{"reconciliation items", r.reconciliation},
 	}
 	for _, st := range steps {
 		if err := st.fn(ctx, tx, &s); err != nil {
@@ -259,4 +261,51 @@ func scanCounts(ctx context.Context, tx pgx.Tx, sql string, args pgx.NamedArgs) 
 		return nil
 	})
 	return out, err
+}
+
+// reconParams are the parameters of sqlReconciliation.
+type reconParams struct {
+	Now   *time.Time
+	Cap   int
+	Kinds []string // the known kinds; anything else counts as ReasonOther
+}
+
+// sqlReconciliation reads at most @cap entries of
+// reconciliation_items_open_idx (first_seen_at, id), oldest first, so each
+// kind's oldest age is exact whatever the cap.
+const sqlReconciliation = `
+SELECT CASE WHEN o.kind = ANY(@kinds::text[]) THEN o.kind ELSE '` + ReasonOther + `' END,
+       count(*),
+       greatest(0, extract(epoch FROM coalesce(@now::timestamptz, now()) - min(o.first_seen_at)))::float8
+  FROM (SELECT kind, first_seen_at FROM reconciliation_items
+         WHERE state = 'open' ORDER BY first_seen_at, id LIMIT @cap) o
+ GROUP BY 1`
+
+func (r *Reader) reconciliation(ctx context.Context, tx pgx.Tx, s *Snapshot) error {
+	p := reconParams{Now: r.clk.Override(), Cap: r.cfg.CountCap}
+	for _, k := range reconciler.Kinds {
+		p.Kinds = append(p.Kinds, string(k))
+	}
+	rows, err := tx.Query(ctx, sqlReconciliation, pgx.NamedArgs{"now": p.Now, "cap": p.Cap, "kinds": p.Kinds})
+	if err != nil {
+		return err
+	}
+	open, oldest := map[string]int64{}, map[string]float64{}
+	for _, k := range append(p.Kinds, ReasonOther) {
+		open[k], oldest[k] = 0, 0
+	}
+	var (
+		kind string
+		n    int64
+		age  float64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&kind, &n, &age}, func() error {
+		open[kind] += n
+		oldest[kind] = max(oldest[kind], age)
+		return nil
+	}); err != nil {
+		return err
+	}
+	s.Reconciliation = Reconciliation{OpenByKind: open, OldestOpenAgeSecondsByKind: oldest}
+	return nil
 }

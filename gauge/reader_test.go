@@ -9,23 +9,34 @@ import (
 	"github.com/aurora-billing/aurora/gauge"
 	"github.com/aurora-billing/aurora/inbox"
 	"github.com/aurora-billing/aurora/migrations/dbtest"
+	"github.com/aurora-billing/aurora/reconciler"
 	"github.com/aurora-billing/aurora/shared/clock"
 	"github.com/aurora-billing/aurora/shared/config"
 	"github.com/aurora-billing/aurora/shared/outbox"
 )
 
-func newReader(t *testing.T, cfg gauge.Config) (*gauge.Reader, func(...item), func(...event)) {
+type fixtures struct {
+	items    func(...item)
+	events   func(...event)
+	findings func(...finding)
+}
+
+func newReader(t *testing.T, cfg gauge.Config) (*gauge.Reader, fixtures) {
 	t.Helper()
 	pool := dbtest.New(t)
 	r, err := gauge.NewReader(pool, cfg, gauge.WithClock(clock.NewManual(testNow)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return r, func(it ...item) { insertItems(t, pool, it...) }, func(ev ...event) { insertEvents(t, pool, ev...) }
+	return r, fixtures{
+		items:    func(it ...item) { insertItems(t, pool, it...) },
+		events:   func(ev ...event) { insertEvents(t, pool, ev...) },
+		findings: func(fs ...finding) { insertFindings(t, pool, fs...) },
+	}
 }
 
 func TestReadEmptyDatabaseIsAllZeroWithEveryLabel(t *testing.T) {
-	r, _, _ := newReader(t, gauge.DefaultConfig())
+	r, _ := newReader(t, gauge.DefaultConfig())
 	s, err := r.Read(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -53,14 +64,25 @@ func TestReadEmptyDatabaseIsAllZeroWithEveryLabel(t *testing.T) {
 			t.Errorf("dead letters %s = %v (present %v), want 0", reason, v, ok)
 		}
 	}
+	for _, k := range reconciler.Kinds {
+		if v, ok := s.Reconciliation.OpenByKind[string(k)]; !ok || v != 0 {
+			t.Errorf("reconciliation open %s = %v (present %v), want 0", k, v, ok)
+		}
+	}
 	if s.Outbox.LastItemID != 0 || s.Inbox.Pending != 0 || s.Inbox.HighestPendingAttempts != 0 || s.Inbox.OldestPendingAgeSeconds != 0 || s.Outbox.UncertainOldestAgeSeconds != 0 {
 		t.Errorf("non-zero figure on an empty database: %+v", s)
 	}
 }
 
 func TestReadMeasuresEveryFigure(t *testing.T) {
-	r, items, events := newReader(t, gauge.DefaultConfig())
-	items(
+	r, fx := newReader(t, gauge.DefaultConfig())
+	fx.findings(
+		finding{kind: string(reconciler.KindSummaryShortfall), seen: 30 * time.Hour},
+		finding{kind: string(reconciler.KindSummaryShortfall), seen: time.Hour},
+		finding{kind: string(reconciler.KindAsyncRejection), seen: 2 * time.Hour},
+		finding{kind: string(reconciler.KindSummaryExcess), seen: 90 * time.Hour, resolved: true}, // resolved: in no figure
+	)
+	fx.items(
 		item{state: outbox.StatePending, staged: 90 * time.Second},
 		item{state: outbox.StatePending, staged: 30 * time.Second},
 		item{state: outbox.StateLeased, staged: 20 * time.Second},
@@ -74,7 +96,7 @@ func TestReadMeasuresEveryFigure(t *testing.T) {
 		item{state: outbox.StateQuarantined, reason: string(outbox.ReasonFeatureUnmapped)},
 		item{state: outbox.StateQuarantined, reason: "written_by_hand"},
 	)
-	events(
+	fx.events(
 		event{received: 10 * time.Minute, attempts: 3},
 		event{received: time.Minute, attempts: 1},
 		event{received: time.Hour, attempts: 12, dead: string(inbox.ReasonUnmappedStripePrice)}, // excluded from highest pending
@@ -108,6 +130,13 @@ func TestReadMeasuresEveryFigure(t *testing.T) {
 		{"inbox dead unmapped_stripe_price", float64(s.Inbox.DeadLetters[string(inbox.ReasonUnmappedStripePrice)]), 1},
 		{"inbox dead other", float64(s.Inbox.DeadLetters[gauge.ReasonOther]), 1},
 		{"inbox dead total", float64(s.Inbox.DeadLetterTotal()), 2},
+		{"recon open summary_shortfall", float64(s.Reconciliation.OpenByKind[string(reconciler.KindSummaryShortfall)]), 2},
+		{"recon open async_rejection", float64(s.Reconciliation.OpenByKind[string(reconciler.KindAsyncRejection)]), 1},
+		{"recon open summary_excess (resolved)", float64(s.Reconciliation.OpenByKind[string(reconciler.KindSummaryExcess)]), 0},
+		{"recon open total", float64(s.Reconciliation.OpenTotal()), 3},
+		{"recon oldest summary_shortfall", s.Reconciliation.OldestOpenAgeSecondsByKind[string(reconciler.KindSummaryShortfall)], 30 * 3600},
+		{"recon oldest async_rejection", s.Reconciliation.OldestOpenAgeSecondsByKind[string(reconciler.KindAsyncRejection)], 2 * 3600},
+		{"recon oldest overall", s.Reconciliation.OldestOpenAgeSeconds(), 30 * 3600},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
@@ -121,12 +150,12 @@ func TestReadMeasuresEveryFigure(t *testing.T) {
 func TestCountsStopAtTheCap(t *testing.T) {
 	cfg := gauge.DefaultConfig()
 	cfg.CountCap = gauge.CountCapMin
-	r, items, _ := newReader(t, cfg)
+	r, fx := newReader(t, cfg)
 	var many []item
 	for range cfg.CountCap + 20 {
 		many = append(many, item{state: outbox.StateQuarantined, reason: string(outbox.ReasonPeriodBuffered)})
 	}
-	items(many...)
+	fx.items(many...)
 	s, err := r.Read(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -14,9 +14,10 @@ type Snapshot struct {
 	// the figures were read.
 	MeasuredAt time.Time `json:"measured_at"`
 	// CountCap is Config.CountCap: a count equal to it means "at least".
-	CountCap int    `json:"count_cap"`
-	Outbox   Outbox `json:"outbox"`
-	Inbox    Inbox  `json:"inbox"`
+	CountCap       int            `json:"count_cap"`
+	Outbox         Outbox         `json:"outbox"`
+	Inbox          Inbox          `json:"inbox"`
+	Reconciliation Reconciliation `json:"reconciliation"`
 }
 
 // BacklogStates are the states something automatic still moves an item
@@ -87,4 +88,34 @@ func (o Outbox) QuarantinedTotal() int64 {
 		n += v
 	}
 	return n
+}
+
+// Reconciliation is the reconciler's open findings (seed 000,
+// "Reconciliation": open reconciliation items older than a day are watched).
+type Reconciliation struct {
+	// OpenByKind: open reconciliation items by kind, every kind of
+	// reconciler.Kinds present (0 when none) and ReasonOther; read over the
+	// CountCap oldest open items.
+	OpenByKind map[string]int64 `json:"open_by_kind"`
+	// OldestOpenAgeSecondsByKind: seconds since the oldest open item of each
+	// kind was first seen, 0 when none.
+	OldestOpenAgeSecondsByKind map[string]float64 `json:"oldest_open_age_seconds_by_kind"`
+}
+
+// OpenTotal is the sum of OpenByKind.
+func (r Reconciliation) OpenTotal() int64 {
+	var n int64
+	for _, v := range r.OpenByKind {
+		n += v
+	}
+	return n
+}
+
+// OldestOpenAgeSeconds is the largest of OldestOpenAgeSecondsByKind.
+func (r Reconciliation) OldestOpenAgeSeconds() float64 {
+	var m float64
+	for _, v := range r.OldestOpenAgeSecondsByKind {
+		m = max(m, v)
+	}
+	return m
 }

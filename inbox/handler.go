@@ -192,11 +192,11 @@ func (h *Handler) verify(body []byte, header string) (Received, error) {
 // *EnvelopeError (ErrUnstorable, 422).
 func readEnvelope(body []byte) (Received, error) {
 	var env struct {
-		ID         string `json:"id"`
-		Type       string `json:"type"`
-		APIVersion string `json:"api_version"`
-		Created    int64  `json:"created"`
-		Livemode   bool   `json:"livemode"`
+		ID         string          `json:"id"`
+		Type       string          `json:"type"`
+		APIVersion string          `json:"api_version"`
+		Created    json.RawMessage `json:"created"` // Unix seconds, or RFC 3339 in a thin event
+		Livemode   bool            `json:"livemode"`
 		Data       struct {
 			Object struct {
 				Customer json.RawMessage `json:"customer"`
@@ -207,8 +207,7 @@ func readEnvelope(body []byte) (Received, error) {
 		return Received{}, ErrNoEventID
 	}
 	rec := Received{EventID: env.ID, Type: env.Type, APIVersion: env.APIVersion, Livemode: env.Livemode, Payload: body}
-	if env.Created > 0 {
-		t := time.Unix(env.Created, 0).UTC()
+	if t, ok := eventCreated(env.Created); ok {
 		rec.Created = &t
 	}
 	rec.Customer, _ = expandableID(env.Data.Object.Customer)

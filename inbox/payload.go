@@ -90,7 +90,7 @@ type envelopeJSON struct {
 	Object     *string          `json:"object"`
 	Type       *string          `json:"type"`
 	APIVersion *string          `json:"api_version"`
-	Created    *int64           `json:"created"`
+	Created    json.RawMessage  `json:"created"` // Unix seconds, or RFC 3339 in a thin event (ObjectThinEvent)
 	Livemode   bool             `json:"livemode"`
 	Data       *json.RawMessage `json:"data"`
 }
@@ -104,16 +104,21 @@ func parseEvent(raw []byte) (*event, error) {
 	if env.ID == nil || *env.ID == "" {
 		return nil, &PayloadError{Field: "id", Reason: "missing"}
 	}
-	if env.Object != nil && *env.Object != "event" {
-		return nil, &PayloadError{Field: "object", Reason: "is not \"event\""}
+	if env.Object != nil && *env.Object != "event" && *env.Object != ObjectThinEvent {
+		return nil, &PayloadError{Field: "object", Reason: "is not \"event\" or \"" + ObjectThinEvent + "\""}
 	}
 	if env.Type == nil || *env.Type == "" {
 		return nil, &PayloadError{Field: "type", Reason: "missing"}
 	}
-	if env.Created == nil || *env.Created <= 0 {
-		return nil, &PayloadError{Field: "created", Reason: "missing or not a positive Unix time"}
+	created, ok := eventCreated(env.Created)
+	if !ok {
+		return nil, &PayloadError{Field: "created", Reason: "missing or not a positive Unix time or RFC 3339 time"}
 	}
-	ev := &event{ID: *env.ID, Type: *env.Type, Created: time.Unix(*env.Created, 0).UTC(), Livemode: env.Livemode}
+	ev := &event{ID: *env.ID, Type: *env.Type, Created: created, Livemode: env.Livemode}
+	if env.Object != nil && *env.Object == ObjectThinEvent {
+		ev.Kind = kindOther // a thin event carries no object to project
+		return ev, nil
+	}
 	if env.APIVersion != nil {
 		ev.APIVersion = *env.APIVersion
 	}

@@ -40,7 +40,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	pcfg, err := pgxpool.ParseConfig(cfg.Database.URL)
+	pcfg, err := pgxpool.ParseConfig(cfg.Database.SessionURL())
 	if err != nil {
 		return fmt.Errorf("inbox: database: %w", err)
 	}

@@ -2,8 +2,11 @@
 // in every binary, so any service or auroractl can migrate the database it
 // points at.
 //
-// Numbering: 00001–00099 export outbox (seed 000), 00100–00199 webhook inbox
-// (seed 003), 00200–00299 domain events (seed 004), 00300– reconciliation.
+// Numbering: a new migration takes a number above every landed one, whatever
+// its area, because goose refuses a lower number on a database already past
+// it. Landed migrations are frozen: landed.sha256 lists each with its
+// checksum, and TestLandedMigrationsAreFrozen fails when one changes, goes
+// missing, or a new one is numbered below the highest landed.
 package migrations
 
 import (

@@ -20,8 +20,13 @@ var (
 	// 1..MaxLimit.
 	ErrInvalidQuery = errors.New("reconciler: invalid query")
 	// ErrProvider wraps every failed provider call; the run records it and
-	// ends without findings from the failed part.
+	// ends without recording findings or confirmations.
 	ErrProvider = errors.New("reconciler: provider call failed")
+	// ErrUnknownCustomer: Stripe does not know the customer a summary was
+	// asked for (resource_missing on customer). The run counts the
+	// customer's windows as holding nothing at Stripe, which is what
+	// Stripe bills.
+	ErrUnknownCustomer = errors.New("reconciler: customer unknown at Stripe")
 )
 
 // AlreadyResolvedError names who resolved the item and how.

@@ -30,6 +30,10 @@ func (ru *run) errorReports(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reconciler: error reports: %w", err)
 	}
+	if ru.r.opts.DryRun {
+		ru.report.ReportsPending = len(ids)
+		return ru.matchReports(ctx)
+	}
 	for _, id := range ids {
 		ev, err := ru.r.provider.CoreEvent(ctx, id)
 		if err != nil {

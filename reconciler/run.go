@@ -30,6 +30,11 @@ type Options struct {
 	// Now, when set, is the run's "now" (tests, the demo); nil means the
 	// database clock.
 	Now func() time.Time
+	// DryRun: compare and compute everything, write nothing (no run row,
+	// no finding, no confirmation, no error report fetched): `auroractl
+	// reconcile run` without --yes. RunReport says what a real run would
+	// record.
+	DryRun bool
 	// Log: nil discards.
 	Log *slog.Logger
 }
@@ -67,17 +72,21 @@ type RunReport struct {
 	RunID int64     `json:"run_id"`
 	Now   time.Time `json:"now"`
 	// SettledBefore: windows ending at or before it were compared.
-	SettledBefore    time.Time    `json:"settled_before"`
-	WindowsCompared  int          `json:"windows_compared"`
-	WindowsMatched   int          `json:"windows_matched"`
-	WindowsUnsettled int          `json:"windows_unsettled"`
-	ItemsConfirmed   int          `json:"items_confirmed"`
-	FindingsNew      int          `json:"findings_new"`
-	FindingsUpdated  int          `json:"findings_updated"`
-	FindingsSame     int          `json:"findings_unchanged"`
-	ReportsFetched   int          `json:"error_reports_fetched"`
-	Findings         map[Kind]int `json:"findings_by_kind"`
-	ItemsOpen        int          `json:"items_open"`
+	SettledBefore    time.Time `json:"settled_before"`
+	WindowsCompared  int       `json:"windows_compared"`
+	WindowsMatched   int       `json:"windows_matched"`
+	WindowsUnsettled int       `json:"windows_unsettled"`
+	ItemsConfirmed   int       `json:"items_confirmed"`
+	FindingsNew      int       `json:"findings_new"`
+	FindingsUpdated  int       `json:"findings_updated"`
+	FindingsSame     int       `json:"findings_unchanged"`
+	ReportsFetched   int       `json:"error_reports_fetched"`
+	// ReportsPending: error reports the inbox stored that a dry run did
+	// not fetch.
+	ReportsPending int          `json:"error_reports_pending"`
+	DryRun         bool         `json:"dry_run"`
+	Findings       map[Kind]int `json:"findings_by_kind"`
+	ItemsOpen      int          `json:"items_open"`
 }
 
 // runLockKey is the advisory lock that keeps runs from interleaving.
@@ -95,6 +104,21 @@ type run struct {
 	rejected   map[int64]bool // items an error report names
 	report     RunReport
 	customerOf map[string][]string // customer → tenants
+	// unknownCustomers: customers Stripe does not know (ErrUnknownCustomer)
+	unknownCustomers map[string]bool
+}
+
+// zeros is what Stripe holds for a customer it does not know: nothing, in
+// every window of [start, end).
+func zeros(start, end time.Time, hourly bool) []Summary {
+	if !hourly {
+		return []Summary{{Start: start, End: end}}
+	}
+	var out []Summary
+	for t := start; t.Before(end); t = t.Add(time.Hour) {
+		out = append(out, Summary{Start: t, End: t.Add(time.Hour)})
+	}
+	return out
 }
 
 // windowRow is a reconciliation_windows row to write.
@@ -119,10 +143,14 @@ func (r *Reconciler) Run(ctx context.Context) (RunReport, error) {
 	if err != nil {
 		return RunReport{}, err
 	}
-	ru := &run{r: r, now: now, rejected: map[int64]bool{}, customerOf: map[string][]string{}}
+	ru := &run{r: r, now: now, rejected: map[int64]bool{}, customerOf: map[string][]string{}, unknownCustomers: map[string]bool{}}
 	ru.cutoff = now.Add(-r.opts.SettleLag).Truncate(time.Minute)
 	ru.from = now.Add(-r.opts.Lookback).Truncate(time.Hour)
-	ru.report = RunReport{Now: now, SettledBefore: ru.cutoff, Findings: map[Kind]int{}}
+	ru.report = RunReport{Now: now, SettledBefore: ru.cutoff, Findings: map[Kind]int{}, DryRun: r.opts.DryRun}
+	if r.opts.DryRun {
+		err := ru.do(ctx)
+		return ru.report, err
+	}
 	if err := r.db.QueryRow(ctx, `INSERT INTO reconciler_runs (kind, started_at, settled_before) VALUES ('provider', $1, $2) RETURNING id`,
 		now, ru.cutoff).Scan(&ru.report.RunID); err != nil {
 		return RunReport{}, fmt.Errorf("reconciler: start run: %w", err)
@@ -222,19 +250,27 @@ func (ru *run) summaries(ctx context.Context, l *ledger) error {
 	for _, k := range order {
 		items := pairs[k]
 		var got []Summary
-		if hourEnd.After(ru.from) {
-			s, err := ru.r.provider.EventSummaries(ctx, k.meter, k.customer, ru.from, hourEnd, true)
-			if err != nil {
-				return err
+		unknown := false
+		ask := func(start, end time.Time, hourly bool) error {
+			s, err := ru.r.provider.EventSummaries(ctx, k.meter, k.customer, start, end, hourly)
+			if errors.Is(err, ErrUnknownCustomer) {
+				unknown, s, err = true, zeros(start, end, hourly), nil
 			}
 			got = append(got, s...)
+			return err
+		}
+		if hourEnd.After(ru.from) {
+			if err := ask(ru.from, hourEnd, true); err != nil {
+				return err
+			}
 		}
 		if ru.cutoff.After(hourEnd) && !hourEnd.Before(ru.from) {
-			s, err := ru.r.provider.EventSummaries(ctx, k.meter, k.customer, hourEnd, ru.cutoff, false)
-			if err != nil {
+			if err := ask(hourEnd, ru.cutoff, false); err != nil {
 				return err
 			}
-			got = append(got, s...)
+		}
+		if unknown {
+			ru.unknownCustomers[k.customer] = true
 		}
 		ru.compare(l, k, features[k.meter], items, got)
 	}
@@ -356,6 +392,9 @@ func (ru *run) decide(l *ledger, k pairKey, feature string, w *window) {
 		if n := ru.countRejected(committedIDs); n > 0 {
 			f.Detail += fmt.Sprintf("; %d of them named by a meter error report", n)
 		}
+		if ru.unknownCustomers[k.customer] {
+			f.Detail += "; Stripe does not know the customer (resource_missing): check the tenant's customer mapping"
+		}
 		ru.findings = append(ru.findings, f)
 	default:
 		f := base
@@ -403,9 +442,13 @@ func (ru *run) unconfirmed(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reconciler: unconfirmed: %w", err)
 	}
+	confirming := map[int64]bool{}
+	for _, it := range ru.confirm {
+		confirming[it.ID] = true
+	}
 	for _, it := range items {
-		if !it.AcceptedAt.Before(before) {
-			continue
+		if !it.AcceptedAt.Before(before) || confirming[it.ID] {
+			continue // this run confirms it
 		}
 		at := it.OccurredAt
 		q := float64(it.Quantity)
@@ -518,6 +561,9 @@ func (ru *run) commit(ctx context.Context) error {
 	}
 	if ru.report.ItemsOpen, err = CountOpen(ctx, tx); err != nil {
 		return err
+	}
+	if ru.r.opts.DryRun {
+		return nil // the deferred rollback undoes every write above
 	}
 	if _, err := tx.Exec(ctx, `UPDATE reconciler_runs SET finished_at = coalesce($2::timestamptz, now()), ok = true, windows_compared = $3, windows_unsettled = $4,
 			windows_matched = $5, items_confirmed = $6, findings_new = $7, findings_updated = $8 WHERE id = $1`,

@@ -68,10 +68,25 @@ func (p *StripeProvider) call(ctx context.Context, what string, fn func() error)
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("%w: %s: %s", ErrProvider, what, errorClass(err))
+		return &ProviderError{What: what, Class: errorClass(err), cause: err}
 	}
 	return nil
 }
+
+// ProviderError is a failed provider call: what was asked and the error's
+// class (HTTP status, Stripe type and code, request id — never Stripe's
+// message, which can name a customer). It wraps ErrProvider.
+type ProviderError struct {
+	What, Class string
+	cause       error
+}
+
+func (e *ProviderError) Error() string {
+	return "reconciler: provider call failed: " + e.What + ": " + e.Class
+}
+
+// Unwrap returns ErrProvider and the cause.
+func (e *ProviderError) Unwrap() []error { return []error{ErrProvider, e.cause} }
 
 // errorClass describes err without Stripe's message (which can carry a
 // customer id).
@@ -119,6 +134,10 @@ func (p *StripeProvider) EventSummaries(ctx context.Context, meterID, customer s
 			return nil
 		})
 		if err != nil {
+			var se *stripe.Error
+			if errors.As(err, &se) && se.Code == stripe.ErrorCodeResourceMissing && se.Param == "customer" {
+				return nil, fmt.Errorf("%w: %w", ErrUnknownCustomer, err)
+			}
 			return nil, err
 		}
 		for _, s := range page {
@@ -190,6 +209,10 @@ func (p *StripeProvider) FinalizedInvoices(ctx context.Context, customer string,
 			more = it.Meta().HasMore
 			return nil
 		})
+		var se *stripe.Error
+		if errors.As(err, &se) && se.Code == stripe.ErrorCodeResourceMissing && se.Param == "customer" {
+			return nil, nil // a customer Stripe does not know has no invoices
+		}
 		if err != nil {
 			return nil, err
 		}

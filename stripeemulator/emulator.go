@@ -98,6 +98,9 @@ type Config struct {
 	// RequestLogLimit: request records kept (oldest dropped first).
 	// Defaults to RequestLogLimitDefault.
 	RequestLogLimit int
+	// Reconcile: summary lag, error report delivery, invoice grace
+	// (reconcile.go).
+	Reconcile ReconcileConfig
 }
 
 func (c *Config) setDefaults() {
@@ -172,6 +175,8 @@ type Emulator struct {
 
 	scripts map[string][]Answer
 
+	rec reconState // reconcile.go
+
 	counts   map[Outcome]int
 	requests []RequestRecord
 	seq      uint64
@@ -223,6 +228,7 @@ func New(cfg Config) (*Emulator, error) {
 		scripts:      map[string][]Answer{},
 		counts:       map[Outcome]int{},
 	}
+	e.initReconcile()
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/customers", e.authed(RouteCustomerCreate, e.handleCustomerCreate))
 	mux.HandleFunc("GET /v1/customers/{id}", e.authed(RouteCustomerGet, e.handleCustomerGet))
@@ -236,6 +242,7 @@ func New(cfg Config) (*Emulator, error) {
 	mux.HandleFunc("POST /v1/billing/meter_events", e.authed(RouteMeterEventCreate, e.handleMeterEventCreate))
 	mux.HandleFunc("POST /v1/billing/meter_event_adjustments", e.authed(RouteAdjustmentCreate, e.handleAdjustmentCreate))
 	e.registerControl(mux)
+	e.registerReconcile(mux)
 	mux.HandleFunc("/", e.authed(RouteUnknown, e.handleUnknown))
 	e.mux = mux
 	return e, nil

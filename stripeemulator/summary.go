@@ -87,10 +87,11 @@ func (e *Emulator) handleSummaryList(c *call) reply {
 		return errReply(invalidRequest(CodeResourceMissing, "customer", "No such customer: '%s'", cust), OutcomeInvalid)
 	}
 	buckets := map[int64]float64{}
+	now := e.cfg.Now()
 	for _, idx := range e.byPair[pairKey{meterID, cust}] {
 		ev := e.events[idx]
 		t := ev.Timestamp.Unix()
-		if ev.Cancelled || t < start || t >= end {
+		if ev.Cancelled || t < start || t >= end || e.lagged(&ev, now) {
 			continue
 		}
 		if m.Aggregation == AggregationCount {
@@ -174,7 +175,7 @@ func (e *Emulator) Summaries(eventName, customer string, start, end time.Time, w
 	}
 	for _, idx := range e.byPair[pairKey{m.ID, customer}] {
 		ev := e.events[idx]
-		if ev.Cancelled || ev.Timestamp.Before(start) || !ev.Timestamp.Before(end) {
+		if ev.Cancelled || ev.Timestamp.Before(start) || !ev.Timestamp.Before(end) || e.lagged(&ev, e.cfg.Now()) {
 			continue
 		}
 		i := int(ev.Timestamp.Sub(start) / window)

@@ -82,7 +82,7 @@ func runDeliverer(ctx context.Context, cfg delivererConfig) error {
 	if err := requireMigrated(ctx, "deliverer", cfg.Database.URL, log); err != nil {
 		return err
 	}
-	pool, err := openPool(ctx, "deliverer", cfg.Database.URL, cfg.DBConns)
+	pool, err := openPool(ctx, "deliverer", cfg.Database.SessionURL(), cfg.DBConns)
 	if err != nil {
 		return err
 	}

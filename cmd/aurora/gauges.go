@@ -63,7 +63,7 @@ func runGauges(ctx context.Context, cfg gaugesConfig) error {
 	if err := requireMigrated(ctx, "gauges", cfg.Database.URL, log); err != nil {
 		return err
 	}
-	pool, err := openPool(ctx, "gauges", cfg.Database.URL, 2) // one measurement at a time, plus readiness
+	pool, err := openPool(ctx, "gauges", cfg.Database.SessionURL(), 2) // one measurement at a time, plus readiness
 	if err != nil {
 		return err
 	}

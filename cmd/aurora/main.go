@@ -35,7 +35,8 @@ func main() {
 	os.Exit(code)
 }
 
-func run(ctx context.Context, args []string) int {
+// newRootCmd returns the aurora command tree.
+func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "aurora",
 		Short:         "aurora moves billing facts between Postgres and Stripe with money-grade guarantees",
@@ -55,6 +56,12 @@ func run(ctx context.Context, args []string) int {
 		newReconcilerCmd(),
 		newStripeEmulatorCmd(),
 	)
+	installVarHooks(root)
+	return root
+}
+
+func run(ctx context.Context, args []string) int {
+	root := newRootCmd()
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)

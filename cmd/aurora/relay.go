@@ -75,7 +75,7 @@ func runRelay(cmd *cobra.Command, cfg relayConfig) error {
 	if err := requireMigrated(ctx, "relay", cfg.Database.URL, log); err != nil {
 		return err
 	}
-	pool, err := openPool(ctx, "relay", cfg.Database.URL, cfg.Workers+4) // one per worker, the sweep, scrapes and readiness
+	pool, err := openPool(ctx, "relay", cfg.Database.SessionURL(), cfg.Workers+4) // one per worker, the sweep, scrapes and readiness
 	if err != nil {
 		return err
 	}

@@ -62,7 +62,7 @@ AURORA_FEATURE_SOURCES
 			if err := requireMigrated(ctx, "reporter", cfg.Database.URL, logger()); err != nil {
 				return err
 			}
-			pool, err := pgxpool.New(ctx, cfg.Database.URL)
+			pool, err := pgxpool.New(ctx, cfg.Database.SessionURL())
 			if err != nil {
 				return fmt.Errorf("reporter: database: %w", err)
 			}

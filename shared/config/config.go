@@ -193,10 +193,16 @@ type Database struct {
 	// sides for a connection that never leaves the machine. A URL you set
 	// is used as given.
 	URL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/test?sslmode=disable"`
+	// Session bounds of every pooled connection (database_session.go):
+	// AURORA_DATABASE_STATEMENT_TIMEOUT_MS, AURORA_DATABASE_LOCK_TIMEOUT_MS,
+	// AURORA_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS.
+	Session DatabaseSession
 }
 
-// Validate checks the URL's shape.
-func (d Database) Validate() error { return URL("DATABASE_URL", d.URL, "postgres", "postgresql") }
+// Validate checks the URL's shape and the session bounds.
+func (d Database) Validate() error {
+	return errors.Join(URL("DATABASE_URL", d.URL, "postgres", "postgresql"), d.Session.Validate())
+}
 
 // NATS is the JetStream connection.
 type NATS struct {

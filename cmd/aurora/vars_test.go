@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/aurora-billing/aurora/shared/config"
+)
+
+var updateREADME = flag.Bool("update-readme", false, "rewrite the README's variable table from serviceConfigs")
+
+// Every subcommand with --validate is in serviceConfigs (else its
+// variables would be unknown to the warning and missing from the table).
+func TestEveryValidatingSubcommandIsRegistered(t *testing.T) {
+	cfgs := serviceConfigs()
+	for _, c := range newRootCmd().Commands() {
+		if c.Flags().Lookup("validate") == nil {
+			continue
+		}
+		if _, ok := cfgs[c.Name()]; !ok {
+			t.Errorf("aurora %s has --validate but no entry in serviceConfigs", c.Name())
+		}
+	}
+}
+
+// --validate lists exactly the variables the service's configuration
+// reads, once each.
+func TestValidateListsExactlyTheVariablesRead(t *testing.T) {
+	t.Setenv("AURORA_STRIPE_WEBHOOK_SECRET", "whsec_test") // the inbox requires one
+	t.Setenv("AURORA_STRIPE_API_KEY", "sk_test_vars")      // the deliverer and reconciler require one
+	for svc, cfg := range serviceConfigs() {
+		var buf bytes.Buffer
+		if err := listVars(&buf, svc); err != nil {
+			t.Fatalf("%s: %v", svc, err)
+		}
+		var listed []string
+		for _, line := range strings.Split(buf.String(), "\n") {
+			if name, _, ok := strings.Cut(strings.TrimPrefix(line, "  "), "="); ok && strings.HasPrefix(line, "  AURORA_") {
+				listed = append(listed, name)
+			}
+		}
+		sort.Strings(listed)
+		if want := config.Names(cfg); strings.Join(listed, ",") != strings.Join(want, ",") {
+			t.Errorf("%s lists %v, reads %v", svc, listed, want)
+		}
+		if strings.Contains(buf.String(), "whsec_test") || strings.Contains(buf.String(), "sk_test_vars") {
+			t.Errorf("%s printed a secret:\n%s", svc, buf.String())
+		}
+	}
+}
+
+func TestUnknownVariableNamedWithTheClosest(t *testing.T) {
+	t.Setenv("AURORA_RELAY_WORKRS", "3")
+	t.Setenv("AURORA_STRIPE_ACCOUNT", "acct_vars")
+	var logs bytes.Buffer
+	warnUnknownVars(slog.New(slog.NewTextHandler(&logs, nil)))
+	if !strings.Contains(logs.String(), "variable=AURORA_RELAY_WORKRS did_you_mean=AURORA_RELAY_WORKERS") || strings.Contains(logs.String(), "=3") {
+		t.Fatalf("warning: %q", logs.String())
+	}
+	var out bytes.Buffer
+	if err := listVars(&out, "relay"); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"AURORA_RELAY_WORKRS (unknown: did you mean AURORA_RELAY_WORKERS?)", "AURORA_STRIPE_ACCOUNT (read by "} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("relay --validate lacks %q:\n%s", want, out.String())
+		}
+	}
+	if code := run(t.Context(), []string{"relay", "--validate"}); code != 0 {
+		t.Fatalf("an unknown variable is a warning, not a refusal: exit %d", code)
+	}
+}
+
+const tableBegin, tableEnd = "<!-- variables: rendered from cmd/aurora/vars.go by TestREADMEVariableTable -->\n", "<!-- end of variables -->\n"
+
+// renderVarTable is the README's table of which service reads which
+// variable.
+func renderVarTable() string {
+	cfgs := serviceConfigs()
+	defaults := map[string]string{}
+	for _, cfg := range cfgs {
+		for _, v := range config.Vars(cfg) {
+			if v.Default != "" {
+				defaults[v.Name] = v.Default
+			}
+		}
+	}
+	var b strings.Builder
+	b.WriteString("| variable | default | read by |\n|---|---|---|\n")
+	r := readers()
+	for _, n := range knownVars() {
+		d := defaults[n]
+		if d != "" {
+			d = "`" + d + "`"
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s |\n", n, d, strings.Join(r[n], ", "))
+	}
+	return b.String()
+}
+
+func TestREADMEVariableTable(t *testing.T) {
+	const path = "../../README.md"
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(raw)
+	i, j := strings.Index(s, tableBegin), strings.Index(s, tableEnd)
+	if i < 0 || j < i {
+		t.Fatalf("README.md has no variable table between %q and %q", tableBegin, tableEnd)
+	}
+	want := renderVarTable()
+	if got := s[i+len(tableBegin) : j]; got != want {
+		if *updateREADME {
+			if err := os.WriteFile(path, []byte(s[:i+len(tableBegin)]+want+s[j:]), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		t.Fatalf("README.md's variable table is stale; run go test ./cmd/aurora -run TestREADMEVariableTable -update-readme\nwant:\n%s", want)
+	}
+}
