@@ -170,10 +170,12 @@ func msDur(ms int) time.Duration { return time.Duration(ms) * time.Millisecond }
 func (c Config) consumerInterval() time.Duration { return msDur(c.ConsumerIntervalMS) }
 func (c Config) ackWait() time.Duration          { return time.Duration(c.ConsumerAckWaitSeconds) * time.Second }
 func (c Config) dispatchPoll() time.Duration     { return msDur(c.DispatchPollMS) }
-func (c Config) dispatchLease() time.Duration    { return time.Duration(c.DispatchLeaseSeconds) * time.Second }
-func (c Config) publishTimeout() time.Duration   { return msDur(c.PublishTimeoutMS) }
-func (c Config) streamMaxAge() time.Duration     { return time.Duration(c.StreamMaxAgeHours) * time.Hour }
-func (c Config) retention() time.Duration        { return time.Duration(c.RetentionHours) * time.Hour }
+func (c Config) dispatchLease() time.Duration {
+	return time.Duration(c.DispatchLeaseSeconds) * time.Second
+}
+func (c Config) publishTimeout() time.Duration { return msDur(c.PublishTimeoutMS) }
+func (c Config) streamMaxAge() time.Duration   { return time.Duration(c.StreamMaxAgeHours) * time.Hour }
+func (c Config) retention() time.Duration      { return time.Duration(c.RetentionHours) * time.Hour }
 
 // backoff returns min(cap, base·2^(n-1)) for the n-th failure (n ≥ 1).
 func backoff(baseMS, capMS, n int) time.Duration {

@@ -238,4 +238,3 @@ func (t teeHandler) WithAttrs(as []slog.Attr) slog.Handler {
 func (t teeHandler) WithGroup(n string) slog.Handler {
 	return teeHandler{t.a.WithGroup(n), t.b.WithGroup(n)}
 }
-
