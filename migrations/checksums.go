@@ -83,7 +83,7 @@ func (e *SchemaMismatchError) Unwrap() error { return ErrSchemaMismatch }
 
 // recordChecksumsSQL records the checksum of an applied migration unless one
 // is recorded (the first record of a version is the file it was applied
-// from, or the first binary's after 00252 for older ones).
+// from, or the first binary's after 00302 for older ones).
 const recordChecksumsSQL = `
 INSERT INTO aurora_schema_checksums (version, file, sha256)
 SELECT v, f, s FROM unnest($1::bigint[], $2::text[], $3::text[]) AS t(v, f, s)
@@ -95,7 +95,7 @@ const checksumsTableSQL = `SELECT to_regclass('aurora_schema_checksums') IS NOT 
 const recordedChecksumsSQL = `SELECT version, file, sha256 FROM aurora_schema_checksums ORDER BY version`
 
 // recordChecksums records this build's checksum of every applied migration
-// that has none recorded yet (a no-op before migration 00252).
+// that has none recorded yet (a no-op before migration 00302).
 func recordChecksums(ctx context.Context, db *sql.DB) error {
 	var has bool
 	if err := db.QueryRowContext(ctx, checksumsTableSQL).Scan(&has); err != nil {
@@ -122,7 +122,7 @@ func recordChecksums(ctx context.Context, db *sql.DB) error {
 // (aurora_schema_checksums) was applied from the same file as this build's.
 // It returns a *SchemaMismatchError (ErrSchemaMismatch) naming each
 // migration that differs, nil when all match or nothing is recorded (a
-// database older than migration 00252), and other errors wrapping ErrMigrate.
+// database older than migration 00302), and other errors wrapping ErrMigrate.
 // Versions the build does not know are not judged here (StatusOf lists what
 // the build knows).
 func Verify(ctx context.Context, databaseURL string) error {
