@@ -3,21 +3,22 @@ package deliverer
 import (
 	"context"
 	"time"
-
-	"github.com/aurora-billing/aurora/shared/outbox"
 )
 
-// Claims and outcome writes are batched opportunistically (group commit):
-// a runner takes the first waiting call, adds every call already queued (up
-// to AURORA_OUTBOX_BATCH_SIZE items, item ids unique) and runs one statement
-// for all of them. A call is a lane's group of items and is never split. An
-// idle deliverer pays no added latency; a busy one pays one Postgres round
-// trip (and one WAL flush) per batch instead of per item. batchRunners
-// runners of each kind run in parallel.
+// Claims, outcome writes and deferrals are batched opportunistically (group
+// commit): a runner takes the first waiting call, adds every call already
+// queued (up to AURORA_OUTBOX_BATCH_SIZE items, item ids unique) and runs
+// one statement for all of them. A call is a lane's group of items and is
+// never split. An idle deliverer pays no added latency; a busy one pays one
+// Postgres round trip (and one WAL flush) per batch instead of per item.
+// batchRunners runners of each kind run in parallel.
 const batchRunners = 4
 
+// statementTimeout bounds one batched statement.
+const statementTimeout = 30 * time.Second
+
 type claimCall struct {
-	ps    []claimParams
+	items []claimRequest
 	reply chan claimReply
 }
 
@@ -32,15 +33,24 @@ type recordCall struct {
 }
 
 type recordReply struct {
-	errs   []error            // one per record: nil or outbox.ErrStaleLease (wrapped)
-	handed [][]outbox.Message // one per record: messages handed to the slot it freed
-	err    error              // a database error for the whole call
+	errs []error // one per record: nil or outbox.ErrStaleLease (wrapped)
+	err  error   // a database error for the whole call
 }
 
-// claim queues ps (one group) for the next claim batch and waits for the
+type deferCall struct {
+	items []deferRequest
+	reply chan deferReply
+}
+
+type deferReply struct {
+	moved map[int64]bool
+	err   error
+}
+
+// claim queues items (one group) for the next claim batch and waits for the
 // results, one per request in order.
-func (d *Deliverer) claim(ctx context.Context, ps []claimParams) ([]claimResult, error) {
-	c := claimCall{ps: ps, reply: make(chan claimReply, 1)}
+func (d *Deliverer) claim(ctx context.Context, items []claimRequest) ([]claimResult, error) {
+	c := claimCall{items: items, reply: make(chan claimReply, 1)}
 	select {
 	case d.claims <- c:
 	case <-ctx.Done():
@@ -51,13 +61,21 @@ func (d *Deliverer) claim(ctx context.Context, ps []claimParams) ([]claimResult,
 }
 
 // record queues rs (one group) for the next outcome batch and waits for the
-// result: one error per record and the messages handed to the slots the
-// records freed (recordOutcomes), or a database error for all of them.
-func (d *Deliverer) record(rs []record) ([]error, [][]outbox.Message, error) {
+// result: one error per record, or a database error for all of them.
+func (d *Deliverer) record(rs []record) ([]error, error) {
 	c := recordCall{rs: rs, reply: make(chan recordReply, 1)}
 	d.records <- c // runners outlive every worker (Run stops them last)
 	rep := <-c.reply
-	return rep.errs, rep.handed, rep.err
+	return rep.errs, rep.err
+}
+
+// deferToRelay queues items for the next deferral batch and returns the ids
+// that moved.
+func (d *Deliverer) deferToRelay(items []deferRequest) (map[int64]bool, error) {
+	c := deferCall{items: items, reply: make(chan deferReply, 1)}
+	d.defers <- c
+	rep := <-c.reply
+	return rep.moved, rep.err
 }
 
 // gather takes first and every call already waiting on ch while the batch
@@ -99,8 +117,8 @@ func gather[C any](first C, ch <-chan C, limit int, ids func(C) []int64) (batch,
 }
 
 func claimIDs(c claimCall) []int64 {
-	ids := make([]int64, len(c.ps))
-	for i, p := range c.ps {
+	ids := make([]int64, len(c.items))
+	for i, p := range c.items {
 		ids[i] = p.ItemID
 	}
 	return ids
@@ -110,6 +128,14 @@ func recordIDs(c recordCall) []int64 {
 	ids := make([]int64, len(c.rs))
 	for i, r := range c.rs {
 		ids[i] = r.Item.ItemID
+	}
+	return ids
+}
+
+func deferIDs(c deferCall) []int64 {
+	ids := make([]int64, len(c.items))
+	for i, r := range c.items {
+		ids[i] = r.ItemID
 	}
 	return ids
 }
@@ -130,12 +156,12 @@ func (d *Deliverer) runClaims(stop <-chan struct{}) {
 		}
 		batch, later := gather(first, d.claims, d.s.batch, claimIDs)
 		carry = append(carry, later...)
-		var ps []claimParams
+		p := claimParams{Now: d.clock.Override(), Exporter: d.exp.Name(), Lease: d.s.lease}
 		for _, c := range batch {
-			ps = append(ps, c.ps...)
+			p.Items = append(p.Items, c.items...)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		rs, err := claimItems(ctx, d.db, d.clock.Override(), d.exp.Name(), d.s.lease, ps)
+		ctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
+		rs, err := claimItems(ctx, d.db, p)
 		cancel()
 		off := 0
 		for _, c := range batch {
@@ -143,8 +169,8 @@ func (d *Deliverer) runClaims(stop <-chan struct{}) {
 				c.reply <- claimReply{err: err}
 				continue
 			}
-			c.reply <- claimReply{rs: rs[off : off+len(c.ps)]}
-			off += len(c.ps)
+			c.reply <- claimReply{rs: rs[off : off+len(c.items)]}
+			off += len(c.items)
 		}
 	}
 }
@@ -167,12 +193,12 @@ func (d *Deliverer) runRecords(stop <-chan struct{}) {
 }
 
 func (d *Deliverer) writeRecords(batch []recordCall) {
-	var rs []record
+	p := recordParams{Now: d.clock.Override()}
 	for _, c := range batch {
-		rs = append(rs, c.rs...)
+		p.Records = append(p.Records, c.rs...)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	errs, handed, err := recordOutcomes(ctx, d.db, d.clock.Override(), rs, d.s.batch, d.s.lease)
+	ctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
+	errs, err := recordOutcomes(ctx, d.db, p)
 	cancel()
 	off := 0
 	for _, c := range batch {
@@ -180,7 +206,40 @@ func (d *Deliverer) writeRecords(batch []recordCall) {
 			c.reply <- recordReply{err: err}
 			continue
 		}
-		c.reply <- recordReply{errs: errs[off : off+len(c.rs)], handed: handed[off : off+len(c.rs)]}
+		c.reply <- recordReply{errs: errs[off : off+len(c.rs)]}
 		off += len(c.rs)
 	}
+}
+
+// runDefers serves deferral batches until stop is closed.
+func (d *Deliverer) runDefers(stop <-chan struct{}) {
+	for {
+		var first deferCall
+		select {
+		case first = <-d.defers:
+		case <-stop:
+			return
+		}
+		batch, later := gather(first, d.defers, d.s.batch, deferIDs)
+		for _, b := range append([][]deferCall{batch}, splitEach(later)...) {
+			p := deferParams{Now: d.clock.Override()}
+			for _, c := range b {
+				p.Items = append(p.Items, c.items...)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
+			moved, err := deferItems(ctx, d.db, p)
+			cancel()
+			for _, c := range b {
+				c.reply <- deferReply{moved: moved, err: err}
+			}
+		}
+	}
+}
+
+func splitEach[C any](cs []C) [][]C {
+	out := make([][]C, len(cs))
+	for i, c := range cs {
+		out[i] = []C{c}
+	}
+	return out
 }

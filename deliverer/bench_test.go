@@ -138,7 +138,7 @@ func benchDeliver(b *testing.B, latency time.Duration, concurrency int) {
 	}
 	for _, row := range rows {
 		msg := outbox.Message{ItemID: row.ID, Key: row.IdempotencyKey, Dispatch: row.Dispatch}
-		if _, err := js.PublishAsync(outbox.Subject(row.Exporter, row.Tenant), msg.Encode(), jetstream.WithMsgID(outbox.MsgID(row.IdempotencyKey, row.Dispatch))); err != nil {
+		if _, err := js.PublishAsync(outbox.PartitionSubject(row.Exporter, row.Tenant, 0), msg.Encode(), jetstream.WithMsgID(outbox.MsgID(row.IdempotencyKey, row.Dispatch))); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -18,6 +18,7 @@ const (
 	ProviderTimeoutSecondsDefault = 30
 	BusyDelayMillisDefault        = 50
 	ShutdownSecondsDefault        = 30
+	PinnedTTLSecondsDefault       = 10
 )
 
 // DefaultFilterSubject is the consumer filter of the default pool: every
@@ -36,11 +37,19 @@ type Config struct {
 	// Consumer: durable JetStream consumer name shared by every replica of a
 	// pool. AURORA_DELIVERER_CONSUMER, default "aurora-deliverer".
 	Consumer string `env:"DELIVERER_CONSUMER" envDefault:"aurora-deliverer"`
-	// FilterSubject: the consumer's filter, e.g. aurora.outbox.stripe_meter_events.org_123
-	// for a tenant pool; several subjects separated by commas.
+	// FilterSubject: the pool's subjects without the partition token,
+	// aurora.outbox.<exporter>.<tenant-token>, e.g.
+	// aurora.outbox.stripe_meter_events.org_123 for a tenant pool, or ending
+	// in ">" for every tenant; several separated by commas. Each partition
+	// consumer filters these with its partition appended (FilterFor).
 	// AURORA_DELIVERER_FILTER_SUBJECT, default every tenant of
-	// stripe_meter_events. Each must start with "aurora.outbox.".
+	// stripe_meter_events.
 	FilterSubject string `env:"DELIVERER_FILTER_SUBJECT"`
+	// PinnedTTLSeconds: how long a partition stays pinned to a deliverer
+	// that stopped pulling (killed, partitioned away) before JetStream pins
+	// a standby: the take-over time of a dead owner's partitions.
+	// AURORA_DELIVERER_PINNED_TTL_SECONDS, default 10, 1..600.
+	PinnedTTLSeconds int `env:"DELIVERER_PINNED_TTL_SECONDS" envDefault:"10"`
 	// AckWaitSeconds: JetStream redelivers a message whose handler went
 	// silent this long; a handler heartbeats (InProgress) every third of it.
 	// AURORA_DELIVERER_ACK_WAIT_SECONDS, default 30, 5..3600.
@@ -52,8 +61,8 @@ type Config struct {
 	ProviderTimeoutSeconds int `env:"STRIPE_TIMEOUT_SECONDS" envDefault:"30"`
 	// BusyDelayMillis: NakWithDelay when the row is locked by another
 	// transaction (typically the relay, which holds the row until its
-	// PubAck is recorded) or the (account, customer, meter) slot is busy;
-	// jittered ±50 %. AURORA_DELIVERER_BUSY_DELAY_MS, default 200, 10..60000.
+	// PubAck is recorded); jittered ±50 %. AURORA_DELIVERER_BUSY_DELAY_MS,
+	// default 50, 10..60000.
 	BusyDelayMillis int `env:"DELIVERER_BUSY_DELAY_MS" envDefault:"50"`
 	// ShutdownSeconds: on SIGTERM, how long in-flight calls may finish and
 	// record their outcome before they are cancelled (a cancelled call is a
@@ -77,6 +86,7 @@ func DefaultConfig() Config {
 		ProviderTimeoutSeconds: ProviderTimeoutSecondsDefault,
 		BusyDelayMillis:        BusyDelayMillisDefault,
 		ShutdownSeconds:        ShutdownSecondsDefault,
+		PinnedTTLSeconds:       PinnedTTLSecondsDefault,
 	}
 }
 
@@ -92,8 +102,9 @@ func (c *Config) Validate() error {
 		consumer = &config.RangeError{Var: config.Prefix + "DELIVERER_CONSUMER", Value: c.Consumer, Allowed: "a non-empty name without spaces, '.', '*' or '>'"}
 	}
 	for _, f := range strings.Split(c.FilterSubject, ",") {
-		if !strings.HasPrefix(f, outbox.SubjectPrefix+".") || strings.ContainsAny(f, " \t") || strings.HasSuffix(f, ".") {
-			filter = &config.RangeError{Var: config.Prefix + "DELIVERER_FILTER_SUBJECT", Value: c.FilterSubject, Allowed: "comma-separated subjects starting with " + outbox.SubjectPrefix + "."}
+		if _, err := FilterFor(f, 0); err != nil {
+			filter = &config.RangeError{Var: config.Prefix + "DELIVERER_FILTER_SUBJECT", Value: c.FilterSubject,
+				Allowed: "comma-separated subjects " + outbox.SubjectPrefix + ".<exporter>.<tenant-token>, either token may be '*', or ending in '>'"}
 		}
 	}
 	// The call must end within the lease; judged only against a lease that
@@ -111,6 +122,7 @@ func (c *Config) Validate() error {
 			fmt.Sprintf("seconds, below AURORA_OUTBOX_LEASE_SECONDS=%d: lower this or raise the lease", c.LeaseSeconds)),
 		config.IntRange("DELIVERER_BUSY_DELAY_MS", c.BusyDelayMillis, 10, 60000, "milliseconds"),
 		config.IntRange("DELIVERER_SHUTDOWN_SECONDS", c.ShutdownSeconds, 1, 600, "seconds"),
+		config.IntRange("DELIVERER_PINNED_TTL_SECONDS", c.PinnedTTLSeconds, 1, 600, "seconds"),
 	)
 }
 
@@ -132,6 +144,9 @@ type settings struct {
 	providerTimeout time.Duration
 	busyDelay       time.Duration
 	shutdown        time.Duration
+	pinnedTTL       time.Duration
+	attachCheck     time.Duration
+	laneShare       int
 }
 
 func (c Config) settings() settings {
@@ -151,5 +166,38 @@ func (c Config) settings() settings {
 		providerTimeout: sec(c.ProviderTimeoutSeconds),
 		busyDelay:       time.Duration(c.BusyDelayMillis) * time.Millisecond,
 		shutdown:        sec(c.ShutdownSeconds),
+		pinnedTTL:       sec(c.PinnedTTLSeconds),
+		attachCheck:     2 * time.Second,
+		laneShare:       2 * max(c.BatchSize, 1),
 	}
+}
+
+// FilterFor returns the filter of partition p for a pool subject f
+// (AURORA_DELIVERER_FILTER_SUBJECT's form): f with the partition token
+// appended, a trailing ">" standing for the exporter and tenant tokens it
+// covers (aurora.outbox.stripe_meter_events.> → …stripe_meter_events.*.<p>).
+// Errors: a subject that is not aurora.outbox.<exporter>.<tenant> with
+// tokens or wildcards, nor a prefix of it ending in ">".
+func FilterFor(f string, p int) (string, error) {
+	toks := strings.Split(f, ".")
+	bad := fmt.Errorf("deliverer: filter subject %q: want %s.<exporter>.<tenant-token> or a prefix ending in '>'", f, outbox.SubjectPrefix)
+	if len(toks) < 3 || toks[0]+"."+toks[1] != outbox.SubjectPrefix {
+		return "", bad
+	}
+	for i, t := range toks {
+		if t == "" || strings.ContainsAny(t, " \t") || (t == ">" && i != len(toks)-1) ||
+			(t != "*" && t != ">" && strings.ContainsAny(t, "*>")) {
+			return "", bad
+		}
+	}
+	if toks[len(toks)-1] == ">" {
+		toks = toks[:len(toks)-1]
+		for len(toks) < 4 {
+			toks = append(toks, "*")
+		}
+	}
+	if len(toks) != 4 {
+		return "", bad
+	}
+	return strings.Join(append(toks, fmt.Sprint(p)), "."), nil
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/aurora-billing/aurora/deliverer"
 	"github.com/aurora-billing/aurora/deliverer/stripeexport"
-	"github.com/aurora-billing/aurora/relay"
 	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/aurora-billing/aurora/stripeemulator"
@@ -218,7 +217,7 @@ func TestIdempotencyErrorIsUncertain(t *testing.T) {
 }
 
 // TestLaneGroup: messages of one customer that queue while its first call
-// runs are handled as one group (one claim, one delivery slot, calls one at
+// runs are handled as one group (one claim, calls one at
 // a time, one outcome statement); a later item of a group whose call could
 // outlast the lease is not sent but recorded as a retry due at once.
 func TestLaneGroup(t *testing.T) {
@@ -282,43 +281,6 @@ func TestStartsWhileNATSDown(t *testing.T) {
 	}
 }
 
-// TestHandOffBetweenReplicas: two deliverers share one hot customer. The
-// one that finds the slot held gives its items to the holder (migration
-// 00015) instead of claiming them again: every item is applied once, no two
-// calls overlap, each item took exactly one lease, and hand-offs happened.
-func TestHandOffBetweenReplicas(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, stripeemulator.Faults{Latency: 5 * time.Millisecond})
-	cfg := testConfig()
-	cfg.Concurrency = 16
-	a, b := h.start(cfg), h.start(cfg)
-	const n = 60
-	var ids []int64
-	for i := range n {
-		row := h.stage(h.item("org_1", fmt.Sprintf("event:h%d", i), 1))
-		ids = append(ids, row.ID)
-		h.publish(row.ID)
-	}
-	for _, id := range ids {
-		h.awaitState(id, outbox.StateAccepted)
-		if as := h.attempts(id); len(as) != 1 {
-			t.Errorf("item %d: %d attempts %v", id, len(as), outcomes(as))
-		}
-	}
-	if o := h.emu.Overlaps(); o != 0 {
-		t.Fatalf("%d overlapping calls", o)
-	}
-	if len(h.emu.Applied()) != n || len(h.emu.DuplicateApplications()) != 0 {
-		t.Fatalf("applied %d, duplicates %d", len(h.emu.Applied()), len(h.emu.DuplicateApplications()))
-	}
-	handedOff := skipped(a.reg, "handed_off") + skipped(b.reg, "handed_off")
-	if handedOff == 0 {
-		t.Fatal("no hand-off between the replicas")
-	}
-	h.await("stream drained", func() bool { return h.pending() == 0 })
-	t.Logf("%v items handed off", handedOff)
-}
-
 // skipped reads aurora_deliverer_messages_skipped_total{why}.
 func skipped(reg *prometheus.Registry, why string) float64 {
 	mfs, _ := reg.Gather()
@@ -337,119 +299,6 @@ func skipped(reg *prometheus.Registry, why string) float64 {
 	return 0
 }
 
-// TestTakenItemsPublishedWhenTakerDies: a slot's holder takes the items
-// other replicas handed to it (its outcome write committed) and dies before
-// claiming them. The take gave each a new dispatch, unpublished and due one
-// lease later (migration 00017), so the relay publishes them once that lease
-// has passed on the database clock — not after the re-dispatch sweep's
-// interval — and a deliverer delivers each once.
-func TestTakenItemsPublishedWhenTakerDies(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, stripeemulator.Faults{})
-	now := h.clk.Now()
-	x := h.holdSlot("event:taker", now)
-	cfg := testConfig()
-	r := h.start(cfg)
-	ys := h.stagePublished(3, "event:taken", now)
-	h.await("three items handed to the holder's slot", func() bool {
-		return skipped(r.reg, "handed_off") == 3 && h.pending() == 0
-	})
-	// The holder's outcome write takes them (as recordSQL does, on the
-	// same clock), then the holder dies: nobody claims them.
-	lease := time.Duration(cfg.LeaseSeconds) * time.Second
-	var taken [][]byte
-	if err := h.pool.QueryRow(context.Background(), `SELECT aurora_take_handed($1, $2, $3, 100, $4::interval, $5::timestamptz, NULL)`,
-		acct, customer, h.meter.ID, lease, now).Scan(&taken); err != nil || len(taken) != 3 {
-		t.Fatalf("take: %d %v", len(taken), err)
-	}
-	for _, y := range ys {
-		got := h.get(y.ID)
-		if got.State != outbox.StatePending || got.Dispatch != y.Dispatch+1 || got.PublishedDispatch != y.Dispatch ||
-			!got.NextAttemptAt.Equal(now.Add(lease)) {
-			t.Fatalf("taken item %d: %s dispatch %d published %d due %s", y.ID, got.State, got.Dispatch, got.PublishedDispatch, got.NextAttemptAt)
-		}
-	}
-	rc := relay.DefaultConfig()
-	rc.PollMS = 20
-	h.runRelay(rc)
-	time.Sleep(100 * time.Millisecond) // a few relay polls: nothing is due yet
-	for _, y := range ys {
-		if got := h.get(y.ID); got.PublishedDispatch != y.Dispatch || got.State != outbox.StatePending {
-			t.Fatalf("item %d published before it was due: %+v", y.ID, got)
-		}
-	}
-	// One lease on: the taken items are due, and the dead holder's lease
-	// and slot have expired (the relay publishes its item again too).
-	h.clk.Set(now.Add(lease + time.Second))
-	for _, y := range ys {
-		h.awaitState(y.ID, outbox.StateAccepted)
-		if as := h.attempts(y.ID); len(as) != 1 {
-			t.Errorf("item %d: attempts %v", y.ID, outcomes(as))
-		}
-	}
-	h.awaitState(x.ID, outbox.StateAccepted)
-	if len(h.emu.Applied()) != 4 || len(h.emu.DuplicateApplications()) != 0 || h.emu.Overlaps() != 0 {
-		t.Fatalf("applied %d, duplicates %d, overlaps %d", len(h.emu.Applied()), len(h.emu.DuplicateApplications()), h.emu.Overlaps())
-	}
-}
-
-// TestOrphanedHandOffsPublishedByRelay: items handed off to a slot whose
-// holder then freed it without taking them (its take skipped them: another
-// transaction held the rows) have nobody coming for them. The relay's sweep
-// takes such entries once they are older than its orphan age, gives the
-// items a new dispatch due now and publishes them — instead of leaving them
-// to the 300 s re-dispatch sweep — and a deliverer delivers each once.
-func TestOrphanedHandOffsPublishedByRelay(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, stripeemulator.Faults{})
-	now := h.clk.Now()
-	x := h.holdSlot("event:orphan-holder", now)
-	r := h.start(testConfig())
-	ys := h.stagePublished(2, "event:orphan", now)
-	h.await("two items handed to the slot", func() bool {
-		return skipped(r.reg, "handed_off") == 2 && h.pending() == 0
-	})
-	// The holder records and frees the slot, but its take skipped the two
-	// entries: they stay, on a free slot.
-	h.exec(`UPDATE outbox_items SET state = 'accepted', lease_expires_at = NULL WHERE id = $1`, x.ID)
-	h.exec(`UPDATE delivery_slots SET item_id = NULL, lease_token = 0, expires_at = '-infinity'`)
-
-	reg := prometheus.NewRegistry()
-	rc := relay.DefaultConfig()
-	rc.PollMS = 20
-	rc.RedispatchScanMS = 20
-	h.runRelay(rc, relay.WithRegistry(reg))
-	time.Sleep(100 * time.Millisecond) // sweeps run: the entries are not old enough yet
-	for _, y := range ys {
-		if got := h.get(y.ID); got.Dispatch != y.Dispatch || got.State != outbox.StatePending {
-			t.Fatalf("item %d moved before its entry was orphaned: %+v", y.ID, got)
-		}
-	}
-	h.clk.Set(now.Add(11 * time.Second)) // past the relay's orphan age (10 s), far from the 300 s sweep
-	for _, y := range ys {
-		got := h.awaitState(y.ID, outbox.StateAccepted)
-		if got.Dispatch != y.Dispatch+1 {
-			t.Errorf("item %d delivered at dispatch %d, want %d", y.ID, got.Dispatch, y.Dispatch+1)
-		}
-		if as := h.attempts(y.ID); len(as) != 1 {
-			t.Errorf("item %d: attempts %v", y.ID, outcomes(as))
-		}
-	}
-	if got := counter(reg, "aurora_relay_handoff_orphans_total"); got != 2 {
-		t.Fatalf("orphans counted %v, want 2", got)
-	}
-	if got := counter(reg, "aurora_relay_redispatched_total"); got != 0 {
-		t.Fatalf("re-dispatch sweep bumped %v rows, want 0", got)
-	}
-	var left int
-	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM delivery_slot_waiting`).Scan(&left); err != nil || left != 0 {
-		t.Fatalf("entries left: %d %v", left, err)
-	}
-	if len(h.emu.Applied()) != 2 || len(h.emu.DuplicateApplications()) != 0 {
-		t.Fatalf("applied %d, duplicates %d", len(h.emu.Applied()), len(h.emu.DuplicateApplications()))
-	}
-}
-
 // counter reads an unlabelled counter from reg (0 when absent).
 func counter(reg *prometheus.Registry, name string) float64 {
 	mfs, _ := reg.Gather()
@@ -459,53 +308,4 @@ func counter(reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return 0
-}
-
-// TestHandOffInheritedAfterHolderDies: the slot's holder died mid-call (its
-// lease and slot are live, nobody will record for it). A replica hands the
-// customer's other items to that slot and acks their messages. Once the
-// lease expires, the dead holder's redelivered message takes the item and
-// the slot over, and the new holder's outcome write takes the handed items
-// with the slot: every item is applied once, nothing is lost.
-func TestHandOffInheritedAfterHolderDies(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, stripeemulator.Faults{})
-	now := h.clk.Now()
-	x := h.holdSlot("event:dead-holder", now)
-	r := h.start(testConfig())
-	var ys []int64
-	for i := range 3 {
-		row := h.stage(h.item("org_1", fmt.Sprintf("event:handed%d", i), 1))
-		ys = append(ys, row.ID)
-		h.publish(row.ID)
-	}
-	h.await("three items handed to the dead holder's slot", func() bool {
-		var n int
-		_ = h.pool.QueryRow(context.Background(), `SELECT count(*) FROM delivery_slot_waiting`).Scan(&n)
-		return n == 3 && h.pending() == 0 && skipped(r.reg, "handed_off") == 3
-	})
-	for _, id := range ys {
-		if got := h.get(id); got.State != outbox.StatePending || got.Attempts != 0 {
-			t.Fatalf("item %d before the takeover: %s, %d attempts", id, got.State, got.Attempts)
-		}
-	}
-	h.clk.Set(now.Add(61 * time.Second)) // the dead holder's lease (and slot) expired
-	h.publish(x.ID)                      // its message, redelivered
-	h.awaitState(x.ID, outbox.StateAccepted)
-	for _, id := range ys {
-		h.awaitState(id, outbox.StateAccepted)
-		if as := h.attempts(id); len(as) != 1 {
-			t.Errorf("item %d: attempts %v", id, outcomes(as))
-		}
-	}
-	if as := h.attempts(x.ID); strings.Join(outcomes(as), ",") != "stale_lease,accepted" {
-		t.Errorf("dead holder's item: attempts %v", outcomes(as))
-	}
-	if len(h.emu.Applied()) != 4 || len(h.emu.DuplicateApplications()) != 0 {
-		t.Fatalf("applied %d, duplicates %d", len(h.emu.Applied()), len(h.emu.DuplicateApplications()))
-	}
-	var left int
-	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM delivery_slot_waiting`).Scan(&left); err != nil || left != 0 {
-		t.Fatalf("messages left waiting: %d %v", left, err)
-	}
 }

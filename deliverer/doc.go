@@ -14,9 +14,12 @@
 //   - Every attempt sends the same key, as Stripe's Idempotency-Key and as the
 //     meter event identifier; the request body is a pure function of the row
 //     and its mapping, so a retry is byte-identical.
-//   - At most one provider call is in flight per (destination account, Stripe
-//     customer, meter) across all deliverers: the claim takes a row of
-//     delivery_slots in the same statement, the outcome write frees it.
+//   - At most one provider call is in flight per lane (destination account,
+//     Stripe customer, meter): the relay publishes a lane on one partition,
+//     JetStream pins each partition consumer to one deliverer (priority
+//     group, pinned client), and that deliverer runs a lane one item at a
+//     time. During a take-over an old owner's call may overlap the new
+//     owner's: Stripe answers 429, retried with the same key.
 //   - A message whose row is not claimable is acknowledged or delayed without
 //     side effects; Postgres is the truth, JetStream only says "try now".
 //   - Logs carry item ids and key prefixes, never payloads, customer ids or

@@ -166,28 +166,37 @@ func (h *harness) stage(it outbox.Item, opts ...outbox.StageOption) outbox.Row {
 	return row
 }
 
-// publish sends the message of the row's current dispatch, as the relay does.
+// publish sends the message of the row's current dispatch, as the relay
+// does: on its lane's partition, with the lane in the body.
 func (h *harness) publish(id int64) {
 	h.t.Helper()
 	row := h.get(id)
-	msg := outbox.Message{ItemID: row.ID, Key: row.IdempotencyKey, Dispatch: row.Dispatch}
-	if _, err := h.js.Publish(context.Background(), outbox.Subject(row.Exporter, row.Tenant), msg.Encode(),
+	subject, msg := laneMessage(h.t, h.pool, row)
+	if _, err := h.js.Publish(context.Background(), subject, msg.Encode(),
 		jetstream.WithMsgID(outbox.MsgID(row.IdempotencyKey, row.Dispatch))); err != nil {
 		h.t.Fatal(err)
 	}
 }
 
-// holdSlot stages an item leased since at by a holder that will never
-// record (lease token 1, 60 s), holding the test customer's delivery slot
-// for as long: the set-up of the hand-off tests.
-func (h *harness) holdSlot(ref string, at time.Time) outbox.Row {
-	h.t.Helper()
-	x := h.stage(h.item("org_1", ref, 1))
-	h.exec(`UPDATE outbox_items SET state = 'leased', lease_token = 1, attempts = 1, first_attempt_at = $2::timestamptz,
-		lease_expires_at = $2::timestamptz + interval '60 seconds', leased_at = $2::timestamptz WHERE id = $1`, x.ID, at)
-	h.exec(`INSERT INTO delivery_slots (destination_account, stripe_customer, meter_id, item_id, lease_token, expires_at)
-		VALUES ($1, $2, $3, $4, 1, $5::timestamptz + interval '60 seconds')`, acct, customer, h.meter.ID, x.ID, at)
-	return x
+// laneMessage returns the subject and body the relay publishes row's
+// current dispatch with (its lane read from tenant_billing and
+// meter_mappings, the default partition count).
+func laneMessage(t testing.TB, pool *pgxpool.Pool, row outbox.Row) (string, outbox.Message) {
+	t.Helper()
+	var cus, meter *string
+	err := pool.QueryRow(context.Background(), `SELECT
+		(SELECT stripe_customer FROM tenant_billing WHERE tenant = $1 AND destination_account = $2),
+		(SELECT meter_id FROM meter_mappings WHERE destination_account = $2 AND feature = $3)`,
+		row.Tenant, row.DestinationAccount, row.Feature).Scan(&cus, &meter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lane := outbox.UnmappedLane(row.DestinationAccount, row.Tenant, row.Feature)
+	if cus != nil && meter != nil {
+		lane = outbox.Lane(row.DestinationAccount, *cus, *meter)
+	}
+	msg := outbox.Message{ItemID: row.ID, Key: row.IdempotencyKey, Dispatch: row.Dispatch, Feature: row.Feature, Lane: lane}
+	return outbox.PartitionSubject(row.Exporter, row.Tenant, outbox.Partition(lane, outbox.PartitionsDefault)), msg
 }
 
 // stagePublished stages n items of org_1 (refs prefix0…) and publishes each
@@ -380,13 +389,17 @@ func (h *harness) start(cfg deliverer.Config, opts ...deliverer.Option) *running
 		cancel()
 		<-r.done
 	})
-	// Wait for the durable consumer, so deliverers (and the relay) do not
-	// change the stream's consumers concurrently: nats-server v2.15.2 has a
-	// data race between a stream update and a consumer creation that the
-	// race detector reports.
-	h.await("consumer", func() bool {
-		_, err := h.js.Consumer(context.Background(), outbox.StreamName, cfg.Consumer)
-		return err == nil
+	// Wait until every partition is attached, so deliverers (and the relay)
+	// do not change the stream's consumers concurrently: nats-server
+	// v2.15.2 has a data race between a stream update and a consumer
+	// creation that the race detector reports.
+	h.await("partition consumers attached", func() bool {
+		select {
+		case <-r.done:
+			return true // Run refused to start: the test reads r.err
+		default:
+		}
+		return d.Ready() == nil
 	})
 	return r
 }
@@ -396,8 +409,8 @@ func (h *harness) start(cfg deliverer.Config, opts ...deliverer.Option) *running
 func (h *harness) publishDuplicateGeneration(id int64) {
 	h.t.Helper()
 	row := h.get(id)
-	msg := outbox.Message{ItemID: row.ID, Key: row.IdempotencyKey, Dispatch: row.Dispatch}
-	if _, err := h.js.Publish(context.Background(), outbox.Subject(row.Exporter, row.Tenant), msg.Encode(),
+	subject, msg := laneMessage(h.t, h.pool, row)
+	if _, err := h.js.Publish(context.Background(), subject, msg.Encode(),
 		jetstream.WithMsgID(fmt.Sprintf("dup-%d-%d", id, time.Now().UnixNano()))); err != nil {
 		h.t.Fatal(err)
 	}
@@ -416,4 +429,24 @@ func (h *harness) pending() uint64 {
 		h.t.Fatal(err)
 	}
 	return info.State.Msgs
+}
+
+// consumerTotals sums the redelivered and delivered counts of every
+// partition consumer of r's pool.
+func (h *harness) consumerTotals(r *running) (redelivered, delivered uint64) {
+	h.t.Helper()
+	for p := range outbox.PartitionsDefault {
+		cons, err := h.js.Consumer(context.Background(), outbox.StreamName, r.d.ConsumerName(p))
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		info, err := cons.Info(context.Background())
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		redelivered += uint64(info.NumRedelivered)
+		delivered += info.Delivered.Consumer
+
+	}
+	return redelivered, delivered
 }

@@ -1,107 +1,128 @@
 package deliverer
 
 import (
-	"encoding/json"
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
+	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// laneStall: a lane whose running message has taken longer than this (a
-// slow or hung provider call) stops taking new messages; they take the
-// normal path (claim; a busy slot delays them through JetStream). Without
-// it a hung call would hold back, for instance, the re-dispatched message
-// of its own item that must reclaim it once the lease expires.
-const laneStall = time.Second
-
-// lanes serialise, inside one process, the messages of one (tenant subject,
-// feature), and hand them out in groups: the messages that queued while a
-// group was being handled form the next group, which is claimed in one
-// statement under one delivery slot, sent one call at a time, and recorded
-// in one statement (Deliverer.handleGroup). Stripe allows one concurrent
-// meter event call per customer and meter, and a tenant's feature is one
-// (customer, meter) pair on an account, so such messages can only be sent
-// one at a time anyway. Queueing them here lets each go the moment the
-// previous one finished, instead of every one but the first finding the
-// delivery slot busy and taking a round trip through JetStream
-// (NakWithDelay) and another claim; grouping them makes a hot lane cost two
-// statements per group instead of two per item. Measured on the shared
-// access log, whose busiest client has 482 requests: without lanes a hot
-// tenant drains at one item per busy delay; with one item at a time it
-// drains at one item per claim + call + record (about 40 ms under load),
-// which bounded the whole demo.
+// A lane is one (destination account, Stripe customer, meter): Stripe
+// allows one concurrent meter event call per customer and meter. The relay
+// publishes every message of a lane on one partition and JetStream pins
+// each partition to one deliverer, so a lane's messages all arrive in one
+// process; there, one goroutine at a time runs a lane (runLane), in groups:
+// the messages that queued while a group was being handled form the next
+// group, which is claimed in one statement, sent one call at a time and
+// recorded in one statement. Lanes run in parallel, up to
+// AURORA_DELIVERER_CONCURRENCY at once.
 //
-// Lanes are an optimisation only: the delivery slot in Postgres still
-// guards the one-call rule across processes, and a queued message keeps
-// heartbeating so JetStream does not redeliver it while it waits. A queue
-// is bounded by the consumer's MaxAckPending.
+// A lane's share: a lane holds at most laneShare messages in this process
+// (running and queued; twice AURORA_OUTBOX_BATCH_SIZE by default). A
+// message beyond it is deferred: its row gets a new dispatch due when the
+// lane is expected to have worked through what it holds (deferQuery) and
+// the message is acked, so a tenant's burst never fills the partition's
+// ack-pending window and the other lanes of the partition keep flowing;
+// the relay publishes the deferred items again when they are due.
 type lanes struct {
+	share int
+
 	mu sync.Mutex
 	m  map[string]*lane
+	// perItem remembers, across a lane's idle gaps, how long its items
+	// take (an EWMA), for the deferral delay.
+	perItem map[string]time.Duration
 }
 
 type lane struct {
-	queue   []queuedMsg
-	running map[int64]bool // items of the group being handled
-	touched time.Time      // when the running group last made progress
+	queue       []jetstream.Msg
+	running     int       // messages in the group being handled
+	deferredTil time.Time // when the items deferred so far are expected to be worked
 }
+
+// defaultPerItem is the per-item time assumed for a lane not measured yet.
+const defaultPerItem = 50 * time.Millisecond
+
+// maxDeferral bounds one deferral.
+const maxDeferral = 10 * time.Minute
 
 // laneMode is what join decided.
 type laneMode int
 
 const (
-	laneOwner  laneMode = iota // no lane ran: the caller runs msg, then nextGroup until nil
-	laneQueued                 // queued behind the running group
-	laneBypass                 // handle msg on its own, outside the lane
+	laneOwner    laneMode = iota // no lane ran: the caller starts runLane with msg
+	laneQueued                   // queued behind the running group
+	laneOverflow                 // the lane holds its share: defer msg by the returned delay
 )
 
-type queuedMsg struct {
-	msg       jetstream.Msg
-	item      int64
-	stopBeats func()
+func newLanes(share int) *lanes {
+	return &lanes{share: share, m: map[string]*lane{}, perItem: map[string]time.Duration{}}
 }
 
-func newLanes() *lanes { return &lanes{m: map[string]*lane{}} }
-
-// laneKey is the message's subject (exporter and tenant) plus its feature
-// hint, and the item it names; a message without the hint gets a lane of
-// its own subject.
-func laneKey(msg jetstream.Msg) (string, int64) {
-	var hint struct {
-		ItemID  int64  `json:"item_id"`
-		Feature string `json:"feature"`
+// laneKey is the message's lane token (outbox.Message.Lane) under its
+// subject's exporter and tenant; a message without one (published by an
+// older relay) gets the lane of its subject and feature.
+func laneKey(subject string, m outbox.Message) string {
+	if m.Lane != "" {
+		return m.Lane
 	}
-	_ = json.Unmarshal(msg.Data(), &hint) // a bad body is handled (terminated) by handleGroup
-	return msg.Subject() + "|" + hint.Feature, hint.ItemID
+	return subject + "|" + m.Feature
 }
 
-// join decides how msg (naming item) runs: as the owner of a new lane for
-// key, queued behind the lane's running group (its heartbeats started by
-// beat), or on its own when the lane is busy with the same item or stalled
-// (no progress for laneStall).
-func (l *lanes) join(key string, item int64, msg jetstream.Msg, beat func(jetstream.Msg) func()) laneMode {
+// join decides how msg (naming item) runs: as the start of a new lane for
+// key, queued behind the lane's running group, or deferred by the returned
+// delay (the lane holds its share).
+func (l *lanes) join(key string, msg jetstream.Msg, _ int64) (laneMode, time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if ln, ok := l.m[key]; ok {
-		if ln.running[item] || time.Since(ln.touched) > laneStall {
-			return laneBypass
-		}
-		for _, q := range ln.queue {
-			if q.item == item {
-				return laneBypass
-			}
-		}
-		ln.queue = append(ln.queue, queuedMsg{msg: msg, item: item, stopBeats: beat(msg)})
-		return laneQueued
+	ln, ok := l.m[key]
+	if !ok {
+		l.m[key] = &lane{running: 1}
+		return laneOwner, 0
 	}
-	l.m[key] = &lane{running: map[int64]bool{item: true}, touched: time.Now()}
-	return laneOwner
+	held := ln.running + len(ln.queue)
+	if held < l.share {
+		ln.queue = append(ln.queue, msg)
+		return laneQueued, 0
+	}
+	per := l.perItem[key]
+	if per == 0 {
+		per = defaultPerItem
+	}
+	now := time.Now()
+	at := now.Add(time.Duration(held) * per)
+	if ln.deferredTil.After(at) {
+		at = ln.deferredTil
+	}
+	at = at.Add(per)
+	if at.Sub(now) > maxDeferral {
+		at = now.Add(maxDeferral)
+	}
+	ln.deferredTil = at
+	return laneOverflow, at.Sub(now)
+}
+
+// push queues msg on key's lane whatever its share (a deferral that did not
+// move the row: the claim decides it); it reports false when the lane no
+// longer runs (the caller starts one).
+func (l *lanes) push(key string, msg jetstream.Msg) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ln, ok := l.m[key]
+	if !ok {
+		return false
+	}
+	ln.queue = append(ln.queue, msg)
+	return true
 }
 
 // nextGroup returns up to limit queued messages, oldest first, as the
-// lane's next group (their queue heartbeats stopped: the group handler
-// heartbeats them), or nil after closing the lane.
+// lane's next group, or nil after closing the lane.
 func (l *lanes) nextGroup(key string, limit int) []jetstream.Msg {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -112,26 +133,28 @@ func (l *lanes) nextGroup(key string, limit int) []jetstream.Msg {
 	}
 	n := min(max(limit, 1), len(ln.queue))
 	out := make([]jetstream.Msg, n)
-	ln.running = make(map[int64]bool, n)
-	for i, q := range ln.queue[:n] {
-		q.stopBeats()
-		out[i] = q.msg
-		ln.running[q.item] = true
-		ln.queue[i] = queuedMsg{}
-	}
+	copy(out, ln.queue[:n])
+	clear(ln.queue[:n])
 	ln.queue = ln.queue[n:]
-	ln.touched = time.Now()
+	ln.running = n
 	return out
 }
 
-// touch records that the lane's running group made progress (a provider
-// call finished), so a long group of fast calls is not taken for a stall.
-func (l *lanes) touch(key string) {
+// observe folds a group's time per item into the lane's estimate.
+func (l *lanes) observe(key string, took time.Duration, items int) {
+	if items < 1 {
+		return
+	}
+	per := took / time.Duration(items)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if ln := l.m[key]; ln != nil {
-		ln.touched = time.Now()
+	if old := l.perItem[key]; old > 0 {
+		per = (3*old + per) / 4
 	}
+	if len(l.perItem) > 100_000 { // bound the memory of idle lanes
+		clear(l.perItem)
+	}
+	l.perItem[key] = per
 }
 
 // drain closes the lane and returns its queued messages.
@@ -143,10 +166,107 @@ func (l *lanes) drain(key string) []jetstream.Msg {
 	if ln == nil {
 		return nil
 	}
-	out := make([]jetstream.Msg, 0, len(ln.queue))
-	for _, q := range ln.queue {
-		q.stopBeats()
-		out = append(out, q.msg)
+	return ln.queue
+}
+
+// drainAll closes every lane and returns the queued messages.
+func (l *lanes) drainAll() []jetstream.Msg {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []jetstream.Msg
+	for k, ln := range l.m {
+		out = append(out, ln.queue...)
+		delete(l.m, k)
 	}
 	return out
+}
+
+// heartbeat sends InProgress for every queued message every interval until
+// stop is closed, so JetStream does not redeliver a message while it waits
+// behind its lane's running group (the running group heartbeats its own).
+func (l *lanes) heartbeat(every time.Duration, stop <-chan struct{}, m *metrics) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		l.mu.Lock()
+		var queued []jetstream.Msg
+		for _, ln := range l.m {
+			queued = append(queued, ln.queue...)
+		}
+		l.mu.Unlock()
+		for _, msg := range queued {
+			if err := msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+				m.errors.WithLabelValues("in_progress").Inc()
+			}
+		}
+	}
+}
+
+// runLane runs key's lane: first, then each next group until the lane is
+// empty. Once Run stops, the group being handled finishes and what is
+// still queued goes back to JetStream.
+func (d *Deliverer) runLane(work context.Context, key string, first jetstream.Msg) {
+	defer d.wg.Done()
+	defer func() { <-d.sem }()
+	for g := []jetstream.Msg{first}; g != nil; g = d.lanes.nextGroup(key, d.s.batch) {
+		if d.isStopping() {
+			for _, m := range g {
+				d.m.skips.WithLabelValues("shutdown").Inc()
+				_ = m.Nak()
+			}
+			continue
+		}
+		start := time.Now()
+		d.runGroup(work, g)
+		d.lanes.observe(key, time.Since(start), len(g))
+	}
+}
+
+// runGroup handles one group, recovering a panic: the group's unsettled
+// messages are handed back (a settled one refuses the Nak), counted and
+// logged, and the lane goes on.
+func (d *Deliverer) runGroup(work context.Context, g []jetstream.Msg) {
+	defer func() {
+		if r := recover(); r != nil {
+			d.m.errors.WithLabelValues("panic").Inc()
+			d.log.Error("deliverer: panic handling a group; messages delayed", "messages", len(g), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			for _, m := range g {
+				_ = m.NakWithDelay(d.busy())
+			}
+		}
+	}()
+	d.handleGroup(work, g)
+}
+
+// overflow defers msg (its lane holds its share) by delay: the row gets a
+// new dispatch due then and the message is acked. A row the deferral did
+// not move (leased, of another dispatch, terminal) is queued on its lane
+// anyway and decided by the claim.
+func (d *Deliverer) overflow(msg jetstream.Msg, m outbox.Message, key string, delay time.Duration) {
+	if !d.enter() {
+		d.m.skips.WithLabelValues("shutdown").Inc()
+		_ = msg.Nak()
+		return
+	}
+	go func() {
+		defer d.wg.Done()
+		moved, err := d.deferToRelay([]deferRequest{{ItemID: m.ItemID, Dispatch: m.Dispatch, Delay: delay}})
+		switch {
+		case err != nil:
+			d.m.errors.WithLabelValues("defer").Inc()
+			d.log.Warn("deliverer: deferral failed; message delayed", "item", m.ItemID, "err", err)
+			_ = msg.NakWithDelay(delay)
+		case moved[m.ItemID]:
+			d.m.skips.WithLabelValues("deferred").Inc()
+			_ = msg.Ack()
+		case !d.lanes.push(key, msg):
+			// The lane finished meanwhile: hand the message back for at once.
+			_ = msg.NakWithDelay(d.busy())
+		}
+	}()
 }

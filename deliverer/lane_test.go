@@ -1,113 +1,93 @@
 package deliverer
 
 import (
-	"fmt"
 	"testing"
+	"time"
 
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 type laneMsg struct {
-	jetstream.Msg // nil: only Subject and Data are used by lanes
-	subject       string
-	data          []byte
+	jetstream.Msg // nil: lanes only store and return messages
+	item          int64
 }
 
-func (m laneMsg) Subject() string { return m.subject }
-func (m laneMsg) Data() []byte    { return m.data }
-
-func msgFor(tenant, feature string, item int64) laneMsg {
-	return laneMsg{subject: outbox.Subject(outbox.DefaultExporter, tenant),
-		data: outbox.Message{ItemID: item, Key: "k", Dispatch: 1, Feature: feature}.Encode()}
-}
-
-func TestLanes(t *testing.T) {
+func TestLaneKey(t *testing.T) {
 	t.Parallel()
-	l := newLanes()
-	beats := 0
-	beat := func(jetstream.Msg) func() { beats++; return func() { beats-- } }
-	join := func(m laneMsg) laneMode {
-		key, item := laneKey(m)
-		return l.join(key, item, m, beat)
-	}
-	a1, a2, a3 := msgFor("org_a", "api_calls", 1), msgFor("org_a", "api_calls", 2), msgFor("org_a", "api_calls", 3)
-	b1 := msgFor("org_a", "egress_bytes", 4)
-	tests := []struct {
-		name string
-		msg  laneMsg
-		want laneMode
+	lane := outbox.Lane("acct_1", "cus_1", "mtr_1")
+	cases := []struct {
+		name    string
+		subject string
+		m       outbox.Message
+		want    string
 	}{
-		{"first message owns the lane", a1, laneOwner},
-		{"same tenant and feature queues", a2, laneQueued},
-		{"other feature of the tenant is another lane", b1, laneOwner},
-		{"the running item again bypasses (a re-dispatch must not wait for itself)", msgFor("org_a", "api_calls", 1), laneBypass},
-		{"a queued item again bypasses", msgFor("org_a", "api_calls", 2), laneBypass},
-		{"another item queues", a3, laneQueued},
+		{"lane token", "aurora.outbox.x.org_1.3", outbox.Message{Lane: lane, Feature: "f"}, lane},
+		{"older relay: subject and feature", "aurora.outbox.x.org_1", outbox.Message{Feature: "f"}, "aurora.outbox.x.org_1|f"},
 	}
-	for _, tt := range tests {
-		if got := join(tt.msg); got != tt.want {
-			t.Fatalf("%s: got %v, want %v", tt.name, got, tt.want)
+	for _, c := range cases {
+		if got := laneKey(c.subject, c.m); got != c.want {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
 		}
-	}
-	if beats != 2 {
-		t.Fatalf("queued messages heartbeating: %d, want 2", beats)
-	}
-	key, _ := laneKey(a1)
-	g := l.nextGroup(key, 1)
-	if len(g) != 1 || string(g[0].Data()) != string(a2.data) {
-		t.Fatal("nextGroup is not FIFO or ignores its limit")
-	}
-	if beats != 1 {
-		t.Fatalf("a grouped message still heartbeats from the queue: %d beating, want 1", beats)
-	}
-	if got := join(msgFor("org_a", "api_calls", 2)); got != laneBypass {
-		t.Fatal("an item of the running group must bypass")
-	}
-	if got := join(msgFor("org_a", "api_calls", 1)); got != laneQueued {
-		t.Fatal("an item of the finished group must queue again")
-	}
-	rest := l.drain(key)
-	if len(rest) != 2 || beats != 0 {
-		t.Fatalf("drain returned %d, %d still beating", len(rest), beats)
-	}
-	if l.nextGroup(key, 10) != nil {
-		t.Fatal("drained lane still open")
-	}
-	if got := join(a1); got != laneOwner {
-		t.Fatal("a closed lane must be reopened by the next message")
 	}
 }
 
-// TestLaneGroups: what queued while a group ran is the next group, up to
-// the limit, oldest first; an empty lane closes.
-func TestLaneGroups(t *testing.T) {
+// TestLanesShareAndGroups: the first message of a lane starts it; later ones
+// queue while the lane holds less than its share, then are deferred, each a
+// little later than the one before; groups come out oldest first, at most
+// the limit, and the lane closes when empty.
+func TestLanesShareAndGroups(t *testing.T) {
 	t.Parallel()
-	l := newLanes()
-	beat := func(jetstream.Msg) func() { return func() {} }
-	first := msgFor("org_b", "api_calls", 10)
-	key, _ := laneKey(first)
-	if l.join(key, 10, first, beat) != laneOwner {
-		t.Fatal("first message must own the lane")
+	l := newLanes(3)
+	m := func(i int64) laneMsg { return laneMsg{item: i} }
+	if mode, _ := l.join("a", m(1), 1); mode != laneOwner {
+		t.Fatalf("first: %v", mode)
 	}
-	for i := int64(11); i <= 15; i++ {
-		if got := l.join(key, i, msgFor("org_b", "api_calls", i), beat); got != laneQueued {
-			t.Fatalf("item %d: %v, want queued", i, got)
+	if mode, _ := l.join("b", m(9), 9); mode != laneOwner {
+		t.Fatalf("another lane: %v", mode)
+	}
+	for i := int64(2); i <= 3; i++ {
+		if mode, _ := l.join("a", m(i), i); mode != laneQueued {
+			t.Fatalf("message %d: %v", i, mode)
 		}
 	}
-	var sizes []int
-	var order []int64
-	for g := l.nextGroup(key, 3); g != nil; g = l.nextGroup(key, 3) {
-		sizes = append(sizes, len(g))
-		for _, m := range g {
-			_, item := laneKey(m)
-			order = append(order, item)
-		}
+	mode, d1 := l.join("a", m(4), 4)
+	_, d2 := l.join("a", m(5), 5)
+	if mode != laneOverflow || d1 <= 0 || d2 <= d1 || d2 > maxDeferral {
+		t.Fatalf("over the share: %v, delays %s then %s", mode, d1, d2)
 	}
-	if fmt.Sprint(sizes) != "[3 2]" || fmt.Sprint(order) != "[11 12 13 14 15]" {
-		t.Fatalf("groups %v, order %v; want [3 2] and 11..15", sizes, order)
+	if !l.push("a", m(6)) || l.push("zzz", m(7)) {
+		t.Fatal("push onto a running lane must queue; onto no lane must refuse")
 	}
-	if l.join(key, 16, msgFor("org_b", "api_calls", 16), beat) != laneOwner {
-		t.Fatal("a closed lane must be reopened by the next message")
+	g := l.nextGroup("a", 2)
+	if len(g) != 2 || g[0].(laneMsg).item != 2 || g[1].(laneMsg).item != 3 {
+		t.Fatalf("group %v", g)
+	}
+	if g := l.nextGroup("a", 2); len(g) != 1 || g[0].(laneMsg).item != 6 {
+		t.Fatalf("second group %v", g)
+	}
+	if g := l.nextGroup("a", 2); g != nil {
+		t.Fatalf("empty lane returned %v", g)
+	}
+	if mode, _ := l.join("a", m(8), 8); mode != laneOwner {
+		t.Fatalf("after closing: %v", mode)
+	}
+	if left := l.drainAll(); len(left) != 0 {
+		t.Fatalf("drainAll returned queued %v", left)
+	}
+}
+
+// TestLaneDeferralFollowsMeasuredPace: the deferral delay grows with what
+// the lane holds times its measured time per item.
+func TestLaneDeferralFollowsMeasuredPace(t *testing.T) {
+	t.Parallel()
+	l := newLanes(2)
+	l.observe("a", time.Second, 10) // 100 ms an item
+	l.join("a", laneMsg{item: 1}, 1)
+	l.join("a", laneMsg{item: 2}, 2)
+	_, d := l.join("a", laneMsg{item: 3}, 3)
+	// holds 2 → 2×100 ms, plus its own turn
+	if d < 250*time.Millisecond || d > 350*time.Millisecond {
+		t.Fatalf("delay %s, want about 300ms", d)
 	}
 }

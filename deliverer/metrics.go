@@ -12,6 +12,8 @@ type metrics struct {
 	latency     *prometheus.HistogramVec // aurora_deliverer_provider_seconds{outcome}
 	inFlight    prometheus.Gauge         // aurora_deliverer_inflight_calls
 	errors      *prometheus.CounterVec   // aurora_deliverer_errors_total{op}
+	attached    prometheus.Gauge         // aurora_deliverer_partitions_attached
+	owned       *prometheus.GaugeVec     // aurora_deliverer_partition_owned{partition}
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -22,7 +24,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"outcome", "reason"}),
 		skips: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aurora_deliverer_messages_skipped_total",
-			Help: "Messages acknowledged or delayed without an attempt, by why (terminal, not_due, leased_live, locked, slot_busy, stale_dispatch, not_found, mismatch, bad_message, shutdown).",
+			Help: "Messages acknowledged or delayed without an attempt, by why (terminal, not_due, leased_live, locked, stale_dispatch, not_found, mismatch, bad_message, deferred, foreign_database, shutdown).",
 		}, []string{"why"}),
 		staleLeases: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "aurora_deliverer_stale_leases_total",
@@ -41,8 +43,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "aurora_deliverer_errors_total",
 			Help: "Infrastructure errors (Postgres, JetStream acks) by operation; the message is delayed and retried.",
 		}, []string{"op"}),
+		attached: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "aurora_deliverer_partitions_attached",
+			Help: "Partition consumers with a running consume loop in this process (readiness needs all of them).",
+		}),
+		owned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "aurora_deliverer_partition_owned",
+			Help: "1 for each partition JetStream has pinned to this process (it owns that partition's lanes), as of the last attach check.",
+		}, []string{"partition"}),
 	}
-	for _, c := range []prometheus.Collector{m.outcomes, m.skips, m.staleLeases, m.latency, m.inFlight, m.errors} {
+	for _, c := range []prometheus.Collector{m.outcomes, m.skips, m.staleLeases, m.latency, m.inFlight, m.errors, m.attached, m.owned} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

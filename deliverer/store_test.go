@@ -3,8 +3,10 @@ package deliverer
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aurora-billing/aurora/migrations/dbtest"
 	"github.com/aurora-billing/aurora/shared/identity"
@@ -55,12 +57,12 @@ func (f *storeFixture) stage(ref string) outbox.Row {
 
 func (f *storeFixture) claim(row outbox.Row, at time.Time) claimResult {
 	f.t.Helper()
-	r, err := claimItem(context.Background(), f.pool, claimParams{Now: &at, ItemID: row.ID, Dispatch: row.Dispatch,
-		Exporter: row.Exporter, Key: row.IdempotencyKey, Lease: time.Minute})
+	rs, err := claimItems(context.Background(), f.pool, claimParams{Now: &at, Exporter: row.Exporter, Lease: time.Minute,
+		Items: []claimRequest{{ItemID: row.ID, Dispatch: row.Dispatch, Key: row.IdempotencyKey}}})
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	return r
+	return rs[0]
 }
 
 // lockItem locks the item's row in mode ("UPDATE", "KEY SHARE", …) from
@@ -93,11 +95,12 @@ func (f *storeFixture) get(id int64) outbox.Row {
 	return r
 }
 
-// recordOutcome writes one record (a batch of one, taking nothing). A fenced update of zero rows returns
+// recordOutcome writes one record (a batch of one) at now (nil: the
+// database's clock). A fenced update of zero rows returns
 // outbox.ErrStaleLease (the attempt row says stale_lease; nothing else
 // changed).
-func recordOutcome(ctx context.Context, db DB, r record) error {
-	errs, _, err := recordOutcomes(ctx, db, r.Now, []record{r}, 0, 0)
+func recordOutcome(ctx context.Context, db DB, now *time.Time, r record) error {
+	errs, err := recordOutcomes(ctx, db, recordParams{Now: now, Records: []record{r}})
 	if err != nil {
 		return err
 	}
@@ -136,7 +139,7 @@ func TestClaimTransitions(t *testing.T) {
 		t.Fatalf("attempt 1 after the reclaim: %q %q %v", closed, code, err)
 	}
 	// the first holder's write is stale; the attempt row says so
-	err := recordOutcome(context.Background(), f.pool, record{Item: r.Item, Outcome: OutcomeAccepted})
+	err := recordOutcome(context.Background(), f.pool, nil, record{Item: r.Item, Outcome: OutcomeAccepted})
 	if !errors.Is(err, outbox.ErrStaleLease) {
 		t.Fatalf("stale write: %v", err)
 	}
@@ -149,7 +152,7 @@ func TestClaimTransitions(t *testing.T) {
 	}
 	// leased → pending (retry): fenced, dispatch + 1, next_attempt_at = now + delay
 	at := f.now.Add(62 * time.Second)
-	if err := recordOutcome(context.Background(), f.pool, record{Now: &at, Item: r2.Item, Outcome: OutcomeRetry, RetryDelay: 10 * time.Second, LastError: "server_error"}); err != nil {
+	if err := recordOutcome(context.Background(), f.pool, &at, record{Item: r2.Item, Outcome: OutcomeRetry, RetryDelay: 10 * time.Second, LastError: "server_error"}); err != nil {
 		t.Fatal(err)
 	}
 	p := f.get(row.ID)
@@ -179,7 +182,7 @@ func TestClaimTransitions(t *testing.T) {
 	if r3.Verdict != verdictClaimed || r3.Item.LeaseToken != 3 {
 		t.Fatalf("third claim %+v", r3)
 	}
-	if err := recordOutcome(context.Background(), f.pool, record{Item: r3.Item, Outcome: OutcomeAccepted, Result: Result{ProviderRef: "req_1", HTTPStatus: 200, RequestID: "req_1"}}); err != nil {
+	if err := recordOutcome(context.Background(), f.pool, nil, record{Item: r3.Item, Outcome: OutcomeAccepted, Result: Result{ProviderRef: "req_1", HTTPStatus: 200, RequestID: "req_1"}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := f.claim(p, at.Add(12*time.Second)); got.Verdict != verdictTerminal {
@@ -219,7 +222,7 @@ func TestOutcomeTransitions(t *testing.T) {
 			t.Fatalf("%s: %v", c.out, r.Verdict)
 		}
 		rec := record{Item: r.Item, Outcome: c.out, Reason: c.reason, LastError: "x", Result: Result{ProviderRef: "req_9"}}
-		if err := recordOutcome(context.Background(), f.pool, rec); err != nil {
+		if err := recordOutcome(context.Background(), f.pool, nil, rec); err != nil {
 			t.Fatalf("%s: %v", c.out, err)
 		}
 		got := f.get(row.ID)
@@ -229,55 +232,15 @@ func TestOutcomeTransitions(t *testing.T) {
 		if (c.out == OutcomeAccepted) != (got.ProviderRef != nil) {
 			t.Fatalf("%s: provider_ref %v", c.out, got.ProviderRef)
 		}
-		if err := recordOutcome(context.Background(), f.pool, rec); !errors.Is(err, outbox.ErrStaleLease) {
+		if err := recordOutcome(context.Background(), f.pool, nil, rec); !errors.Is(err, outbox.ErrStaleLease) {
 			t.Fatalf("%s: second write %v", c.out, err)
 		}
 	}
 }
 
-// TestDeliverySlot: a second item for the same (account, customer, meter)
-// is not claimed while the first holds the slot; it is once the slot is
-// freed by the outcome write or expires with the lease.
-func TestDeliverySlot(t *testing.T) {
-	t.Parallel()
-	f := newStore(t)
-	a, b := f.stage("event:a"), f.stage("event:b")
-	ra := f.claim(a, f.now)
-	if ra.Verdict != verdictClaimed {
-		t.Fatal(ra.Verdict)
-	}
-	if got := f.claim(b, f.now); got.Verdict != verdictSlotBusy {
-		t.Fatalf("slot busy: %v", got.Verdict)
-	}
-	if got := f.get(b.ID); got.State != outbox.StatePending || got.Attempts != 0 {
-		t.Fatalf("a busy slot must not claim: %+v", got)
-	}
-	if err := recordOutcome(context.Background(), f.pool, record{Item: ra.Item, Outcome: OutcomeAccepted}); err != nil {
-		t.Fatal(err)
-	}
-	rb := f.claim(b, f.now)
-	if rb.Verdict != verdictClaimed {
-		t.Fatalf("after release: %v", rb.Verdict)
-	}
-	c := f.stage("event:c")
-	if got := f.claim(c, f.now.Add(30*time.Second)); got.Verdict != verdictSlotBusy {
-		t.Fatalf("live slot: %v", got.Verdict)
-	}
-	if got := f.claim(c, f.now.Add(61*time.Second)); got.Verdict != verdictClaimed {
-		t.Fatalf("expired slot: %v", got.Verdict)
-	}
-	// An item without a customer takes no slot and is still claimed (it
-	// will be quarantined customer_missing).
-	f.exec(`UPDATE tenant_billing SET stripe_customer = NULL`)
-	d := f.stage("event:d")
-	if got := f.claim(d, f.now); got.Verdict != verdictClaimed || got.Item.hasSlot() {
-		t.Fatalf("no customer: %+v", got)
-	}
-}
-
-// TestClaimBatch: one statement claims many items; two items of the same
-// (account, customer, meter) in one batch get one slot between them; the
-// outcome batch frees the slots and fences each row.
+// TestClaimBatch: one statement claims many items, of one lane or several
+// (the lane's owner sends them one at a time); the outcome batch fences
+// each row.
 func TestClaimBatch(t *testing.T) {
 	t.Parallel()
 	f := newStore(t)
@@ -296,330 +259,115 @@ func TestClaimBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ps := []claimParams{}
+	p := claimParams{Now: &f.now, Exporter: outbox.DefaultExporter, Lease: time.Minute}
 	for _, r := range []outbox.Row{b, a, c} {
-		ps = append(ps, claimParams{ItemID: r.ID, Dispatch: r.Dispatch, Key: r.IdempotencyKey})
+		p.Items = append(p.Items, claimRequest{ItemID: r.ID, Dispatch: r.Dispatch, Key: r.IdempotencyKey})
 	}
-	rs, err := claimItems(context.Background(), f.pool, &f.now, outbox.DefaultExporter, time.Minute, ps)
+	rs, err := claimItems(context.Background(), f.pool, p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// b and a share the slot: the lower id (a) wins it; c has its own.
-	if rs[0].Verdict != verdictSlotBusy || rs[1].Verdict != verdictClaimed || rs[2].Verdict != verdictClaimed {
-		t.Fatalf("verdicts %v %v %v", rs[0].Verdict, rs[1].Verdict, rs[2].Verdict)
+	for i, r := range rs {
+		if r.Verdict != verdictClaimed {
+			t.Fatalf("request %d: %v", i, r.Verdict)
+		}
+	}
+	if *rs[2].Item.Ctx.StripeCustomer != "cus_t" || *rs[0].Item.Ctx.StripeCustomer != "cus_s" {
+		t.Fatalf("send contexts %v %v", *rs[0].Item.Ctx.StripeCustomer, *rs[2].Item.Ctx.StripeCustomer)
 	}
 	stale := rs[1].Item
 	stale.LeaseToken = 99
-	errs, _, err := recordOutcomes(context.Background(), f.pool, &f.now, []record{
-		{Item: rs[1].Item, Outcome: OutcomeAccepted},
+	errs, err := recordOutcomes(context.Background(), f.pool, recordParams{Now: &f.now, Records: []record{
+		{Item: rs[0].Item, Outcome: OutcomeAccepted},
+		{Item: stale, Outcome: OutcomeAccepted},
 		{Item: rs[2].Item, Outcome: OutcomeRetry, RetryDelay: time.Second},
-	}, 100, time.Minute)
-	if err != nil || errs[0] != nil || errs[1] != nil {
+	}})
+	if err != nil || errs[0] != nil || !errors.Is(errs[1], outbox.ErrStaleLease) || errs[2] != nil {
 		t.Fatalf("%v %v", errs, err)
 	}
-	if got := f.claim(b, f.now); got.Verdict != verdictClaimed {
-		t.Fatalf("b after a freed the slot: %v", got.Verdict)
-	}
-	errs, _, err = recordOutcomes(context.Background(), f.pool, &f.now, []record{{Item: stale, Outcome: OutcomeAccepted}}, 100, time.Minute)
-	if err != nil || !errors.Is(errs[0], outbox.ErrStaleLease) {
-		t.Fatalf("stale in batch: %v %v", errs, err)
+	if got := f.get(c.ID); got.State != outbox.StatePending || got.Dispatch != 2 {
+		t.Fatalf("retried item %+v", got)
 	}
 }
 
-// TestClaimGroup: the items of one group (a lane's messages handled
-// together) share the delivery slot its lowest item takes; an item of the
-// same (account, customer, meter) in another group of the same batch finds
-// the slot busy; the slot is freed when the group's outcomes are recorded.
-func TestClaimGroup(t *testing.T) {
+// TestRecordTruncatesOnCharacterBoundaries: an error text whose 500th byte
+// falls inside a multi-byte character is cut before that character, so the
+// batch it is in (with unrelated items) is written.
+func TestRecordTruncatesOnCharacterBoundaries(t *testing.T) {
 	t.Parallel()
 	f := newStore(t)
-	a, b, c := f.stage("event:a"), f.stage("event:b"), f.stage("event:c")
-	params := func(group int64, rows ...outbox.Row) []claimParams {
-		var ps []claimParams
-		for _, r := range rows {
-			ps = append(ps, claimParams{ItemID: r.ID, Dispatch: r.Dispatch, Key: r.IdempotencyKey, Group: group})
-		}
-		return ps
+	a, b := f.stage("event:utf8a"), f.stage("event:utf8b")
+	ra, rb := f.claim(a, f.now), f.claim(b, f.now)
+	long := strings.Repeat("x", lastErrorMax-1) + "€ tail" // "€" is 3 bytes, straddling byte 500
+	errs, err := recordOutcomes(context.Background(), f.pool, recordParams{Now: &f.now, Records: []record{
+		{Item: ra.Item, Outcome: OutcomeRetry, RetryDelay: time.Second, LastError: long, Result: Result{Message: long + "\xff"}},
+		{Item: rb.Item, Outcome: OutcomeAccepted},
+	}})
+	if err != nil || errs[0] != nil || errs[1] != nil {
+		t.Fatalf("batch refused: %v %v", errs, err)
 	}
-	ps := append(params(7, b, a), params(8, c)...)
-	rs, err := claimItems(context.Background(), f.pool, &f.now, outbox.DefaultExporter, time.Minute, ps)
+	got := f.get(a.ID)
+	if got.LastError == nil || len(*got.LastError) != lastErrorMax-1 || !utf8.ValidString(*got.LastError) {
+		t.Fatalf("last_error %d bytes", len(*got.LastError))
+	}
+	if f.get(b.ID).State != outbox.StateAccepted {
+		t.Fatal("the unrelated item of the batch was not written")
+	}
+}
+
+// TestDeferHandsSurplusToTheRelay: a deferral moves a pending row of the
+// message's dispatch to the next dispatch, due after the delay (unpublished,
+// so the relay publishes it then), and leaves leased rows and rows of
+// another dispatch alone.
+func TestDeferHandsSurplusToTheRelay(t *testing.T) {
+	t.Parallel()
+	f := newStore(t)
+	a, b, c := f.stage("event:da"), f.stage("event:db"), f.stage("event:dc")
+	f.exec(`UPDATE outbox_items SET published_dispatch = dispatch, published_at = now() WHERE id IN ($1, $2, $3)`, a.ID, b.ID, c.ID)
+	f.claim(b, f.now) // b is leased
+	moved, err := deferItems(context.Background(), f.pool, deferParams{Now: &f.now, Items: []deferRequest{
+		{ItemID: a.ID, Dispatch: a.Dispatch, Delay: 3 * time.Second},
+		{ItemID: b.ID, Dispatch: b.Dispatch, Delay: 3 * time.Second},
+		{ItemID: c.ID, Dispatch: c.Dispatch + 1, Delay: 3 * time.Second},
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rs[0].Verdict != verdictClaimed || rs[1].Verdict != verdictClaimed || rs[2].Verdict != verdictSlotBusy {
-		t.Fatalf("verdicts %v %v %v, want claimed claimed slot_busy", rs[0].Verdict, rs[1].Verdict, rs[2].Verdict)
+	if !moved[a.ID] || moved[b.ID] || moved[c.ID] {
+		t.Fatalf("moved %v", moved)
 	}
-	var holder int64
-	if err := f.pool.QueryRow(context.Background(), `SELECT item_id FROM delivery_slots WHERE stripe_customer = 'cus_s'`).Scan(&holder); err != nil {
+	got := f.get(a.ID)
+	if got.State != outbox.StatePending || got.Dispatch != 2 || got.PublishedDispatch != 1 || !got.NextAttemptAt.Equal(f.now.Add(3*time.Second)) {
+		t.Fatalf("deferred row %+v", got)
+	}
+	if got := f.claim(a, f.now.Add(4*time.Second)); got.Verdict != verdictStaleDispatch {
+		t.Fatalf("the deferred message's claim: %v", got.Verdict)
+	}
+}
+
+// TestEveryColumnHasAWriter: shared/outbox.ColumnWriters names who writes each
+// column of outbox_items; a column added without saying so fails here.
+func TestEveryColumnHasAWriter(t *testing.T) {
+	t.Parallel()
+	f := newStore(t)
+	rows, err := f.pool.Query(context.Background(), `SELECT column_name FROM information_schema.columns WHERE table_name = 'outbox_items'`)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if holder != a.ID {
-		t.Fatalf("slot held by item %d, want the group's lowest item %d", holder, a.ID)
+	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
 	}
-	// Another group cannot take the slot while the group holds it.
-	if got := f.claim(c, f.now); got.Verdict != verdictSlotBusy {
-		t.Fatalf("c while the group holds the slot: %v", got.Verdict)
+	seen := map[string]bool{}
+	for _, c := range cols {
+		seen[c] = true
+		if outbox.ColumnWriters[c] == "" {
+			t.Errorf("outbox_items.%s has no writer in shared/outbox/columns.go", c)
+		}
 	}
-	errs, _, err := recordOutcomes(context.Background(), f.pool, &f.now, []record{
-		{Item: rs[0].Item, Outcome: OutcomeAccepted},
-		{Item: rs[1].Item, Outcome: OutcomeAccepted},
-	}, 100, time.Minute)
-	if err != nil || errs[0] != nil || errs[1] != nil {
-		t.Fatalf("%v %v", errs, err)
-	}
-	if got := f.claim(c, f.now); got.Verdict != verdictClaimed {
-		t.Fatalf("c after the group was recorded: %v", got.Verdict)
-	}
-}
-
-// TestHandOff: a loser leaves its items with the live holder of the slot;
-// the holder's outcome write frees the slot and returns them (and clears the
-// list); a free or expired slot refuses them; whoever takes an expired slot
-// over inherits its list; the list is bounded.
-func TestHandOff(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	f := newStore(t)
-	a, b, c := f.stage("event:a"), f.stage("event:b"), f.stage("event:c")
-	msg := func(r outbox.Row) outbox.Message {
-		return outbox.Message{ItemID: r.ID, Key: r.IdempotencyKey, Dispatch: r.Dispatch, Feature: "api_calls"}
-	}
-	next := func(m outbox.Message) outbox.Message { m.Dispatch++; return m }
-	const lease = time.Minute
-	ra := f.claim(a, f.now)
-	rb := f.claim(b, f.now)
-	if ra.Verdict != verdictClaimed || rb.Verdict != verdictSlotBusy {
-		t.Fatalf("verdicts %v %v", ra.Verdict, rb.Verdict)
-	}
-	want := slotKey{Account: "acct_s", Customer: "cus_s", Meter: "mtr_1"}
-	if rb.Slot == nil || *rb.Slot != want {
-		t.Fatalf("busy slot: %+v", rb.Slot)
-	}
-	if ok, err := handOff(ctx, f.pool, &f.now, want, []outbox.Message{msg(b)}, 1); err != nil || !ok {
-		t.Fatalf("hand-off to a live holder: %v %v", ok, err)
-	}
-	if ok, err := handOff(ctx, f.pool, &f.now, want, []outbox.Message{msg(c)}, 1); err != nil || ok {
-		t.Fatalf("a full list must refuse: %v %v", ok, err)
-	}
-	errs, handed, err := recordOutcomes(ctx, f.pool, &f.now, []record{{Item: ra.Item, Outcome: OutcomeAccepted}}, 100, lease)
-	if err != nil || errs[0] != nil {
-		t.Fatal(err, errs)
-	}
-	// The take gives the item its next dispatch, unpublished and due one
-	// lease later (migration 00017): if the taker died now, the relay would
-	// publish it then.
-	if len(handed[0]) != 1 || handed[0][0] != next(msg(b)) {
-		t.Fatalf("handed back to the holder: %+v", handed)
-	}
-	if got := f.get(b.ID); got.State != outbox.StatePending || got.Dispatch != b.Dispatch+1 || got.PublishedDispatch != 0 ||
-		!got.NextAttemptAt.Equal(f.now.Add(lease)) {
-		t.Fatalf("taken item: %+v", got)
-	}
-	if ok, err := handOff(ctx, f.pool, &f.now, want, []outbox.Message{msg(c)}, 10); err != nil || ok {
-		t.Fatalf("a free slot must refuse: %v %v", ok, err)
-	}
-	// The old message no longer claims it; the handed one does, before its
-	// next_attempt_at, and the claim keeps the dispatch the take gave.
-	if rs := f.claim(b, f.now); rs.Verdict == verdictClaimed {
-		t.Fatal("the handed-off message's dispatch still claims the taken item")
-	}
-	rb, err = claimItem(ctx, f.pool, claimParams{Now: &f.now, ItemID: b.ID, Dispatch: b.Dispatch + 1, Exporter: b.Exporter,
-		Key: b.IdempotencyKey, Lease: lease, Handed: true})
-	if err != nil || rb.Verdict != verdictClaimed {
-		t.Fatalf("claim the taken item: %v %v", rb.Verdict, err)
-	}
-	if got := f.get(b.ID); got.State != outbox.StateLeased || got.Dispatch != b.Dispatch+1 {
-		t.Fatalf("claimed taken item: %+v", got)
-	}
-
-	// The holder dies with a list: the takeover inherits it.
-	if ok, err := handOff(ctx, f.pool, &f.now, want, []outbox.Message{msg(c)}, 10); err != nil || !ok {
-		t.Fatalf("hand-off: %v %v", ok, err)
-	}
-	late := f.now.Add(61 * time.Second) // b's one-minute lease (and slot) expired
-	if ok, err := handOff(ctx, f.pool, &late, want, []outbox.Message{msg(a)}, 10); err != nil || ok {
-		t.Fatalf("an expired slot must refuse: %v %v", ok, err)
-	}
-	d0 := f.stage("event:d0")
-	rd0 := f.claim(d0, late)
-	if rd0.Verdict != verdictClaimed {
-		t.Fatal(rd0.Verdict)
-	}
-	_, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rd0.Item, Outcome: OutcomeAccepted}}, 100, lease)
-	if err != nil || len(handed[0]) != 1 || handed[0][0] != next(msg(c)) {
-		t.Fatalf("inherited list: %+v %v", handed, err)
-	}
-	// A release takes at most `take` messages, oldest first; the rest wait
-	// for the next release. An entry whose item is no longer pending at its
-	// dispatch (a is accepted) is dropped by the take, not returned.
-	d1, d2 := f.stage("event:d1"), f.stage("event:d2")
-	rd1 := f.claim(d1, late)
-	if rd1.Verdict != verdictClaimed {
-		t.Fatal(rd1.Verdict)
-	}
-	if ok, err := handOff(ctx, f.pool, &late, want, []outbox.Message{msg(d2), msg(a)}, 10); err != nil || !ok {
-		t.Fatalf("hand-off: %v %v", ok, err)
-	}
-	_, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rd1.Item, Outcome: OutcomeAccepted}}, 1, lease)
-	if err != nil || len(handed[0]) != 1 || handed[0][0] != next(msg(d2)) {
-		t.Fatalf("bounded take: %+v %v", handed, err)
-	}
-	var left int
-	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM delivery_slot_waiting`).Scan(&left); err != nil || left != 1 {
-		t.Fatalf("left waiting: %d %v", left, err)
-	}
-	rd3 := f.claim(f.stage("event:d3"), late)
-	if rd3.Verdict != verdictClaimed {
-		t.Fatal(rd3.Verdict)
-	}
-	_, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rd3.Item, Outcome: OutcomeAccepted}}, 100, lease)
-	if err != nil || len(handed[0]) != 0 {
-		t.Fatalf("an accepted item's entry must be dropped: %+v %v", handed, err)
-	}
-	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM delivery_slot_waiting`).Scan(&left); err != nil || left != 0 {
-		t.Fatalf("left waiting: %d %v", left, err)
-	}
-
-	// Requeue: a taken item this process will not claim is due now (the
-	// relay publishes its new dispatch); one whose dispatch moved on, or
-	// that is not pending, is left alone.
-	if n, err := requeue(ctx, f.pool, &late, []outbox.Message{next(msg(d2)), msg(d1)}); err != nil || n != 1 {
-		t.Fatalf("requeue: %d %v", n, err)
-	}
-	if got := f.get(d2.ID); got.Dispatch != d2.Dispatch+1 || got.State != outbox.StatePending || !got.NextAttemptAt.Equal(late) {
-		t.Fatalf("requeued: %+v", got)
-	}
-	if n, err := requeue(ctx, f.pool, &late, []outbox.Message{msg(d2)}); err != nil || n != 0 {
-		t.Fatalf("stale requeue: %d %v", n, err)
-	}
-
-	// The slow holder's late write (its own lease was not taken over) still
-	// lands, but the slot is no longer its own: it takes nothing.
-	errs, handed, err = recordOutcomes(ctx, f.pool, &late, []record{{Item: rb.Item, Outcome: OutcomeAccepted}}, 100, lease)
-	if err != nil || errs[0] != nil || len(handed[0]) != 0 {
-		t.Fatalf("slow holder: %v %+v %v", errs, handed, err)
-	}
-
-	// An item whose lease expired (its holder died) and whose message came
-	// back and was handed over is taken too: a new dispatch (the relay
-	// publishes it, as any expired lease with an unpublished dispatch), and
-	// the taker's handed claim takes it over.
-	later := late.Add(2 * lease)
-	g := f.stage("event:g")
-	rg := f.claim(g, late)
-	if rg.Verdict != verdictClaimed {
-		t.Fatal(rg.Verdict)
-	}
-	// (rg holds the slot; its lease expires at late+lease: dead.)
-	holder := f.claim(f.stage("event:h"), later) // takes the expired slot over
-	if holder.Verdict != verdictClaimed {
-		t.Fatal(holder.Verdict)
-	}
-	if ok, err := handOff(ctx, f.pool, &later, want, []outbox.Message{msg(g)}, 10); err != nil || !ok {
-		t.Fatalf("hand-off of an expired lease's item: %v %v", ok, err)
-	}
-	_, handed, err = recordOutcomes(ctx, f.pool, &later, []record{{Item: holder.Item, Outcome: OutcomeAccepted}}, 100, lease)
-	if err != nil || len(handed[0]) != 1 || handed[0][0] != next(msg(g)) {
-		t.Fatalf("expired lease's item: %+v %v", handed, err)
-	}
-	if got := f.get(g.ID); got.State != outbox.StateLeased || got.Dispatch != g.Dispatch+1 || got.LeaseToken != rg.Item.LeaseToken {
-		t.Fatalf("taken expired lease: %+v", got)
-	}
-	rg2, err := claimItem(ctx, f.pool, claimParams{Now: &later, ItemID: g.ID, Dispatch: g.Dispatch + 1, Exporter: g.Exporter,
-		Key: g.IdempotencyKey, Lease: lease, Handed: true})
-	if err != nil || rg2.Verdict != verdictClaimed {
-		t.Fatalf("claim the taken expired lease: %v %v", rg2.Verdict, err)
-	}
-
-	// An item another transaction holds locked (a claim waiting for this
-	// very slot, say) is not waited for: its entry stays for the next take.
-	k := f.stage("event:k")
-	if ok, err := handOff(ctx, f.pool, &later, want, []outbox.Message{msg(k)}, 10); err != nil || !ok {
-		t.Fatalf("hand-off: %v %v", ok, err)
-	}
-	release := f.lockItem(k.ID, "UPDATE")
-	_, handed, err = recordOutcomes(ctx, f.pool, &later, []record{{Item: rg2.Item, Outcome: OutcomeAccepted}}, 100, lease)
-	if err != nil || len(handed[0]) != 0 {
-		t.Fatalf("a locked item must be skipped: %+v %v", handed, err)
-	}
-	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM delivery_slot_waiting`).Scan(&left); err != nil || left != 1 {
-		t.Fatalf("the locked item's entry must stay: %d %v", left, err)
-	}
-	release()
-	rl := f.claim(f.stage("event:l"), later)
-	if rl.Verdict != verdictClaimed {
-		t.Fatal(rl.Verdict)
-	}
-	_, handed, err = recordOutcomes(ctx, f.pool, &later, []record{{Item: rl.Item, Outcome: OutcomeAccepted}}, 100, lease)
-	if err != nil || len(handed[0]) != 1 || handed[0][0] != next(msg(k)) {
-		t.Fatalf("the next take: %+v %v", handed, err)
-	}
-
-	// A key-share lock (a foreign-key check: an attempt, a usage event or a
-	// recovery action naming the item) does not make the take skip it.
-	m := f.stage("event:m")
-	rn := f.claim(f.stage("event:n"), later)
-	if rn.Verdict != verdictClaimed {
-		t.Fatal(rn.Verdict)
-	}
-	if ok, err := handOff(ctx, f.pool, &later, want, []outbox.Message{msg(m)}, 10); err != nil || !ok {
-		t.Fatalf("hand-off: %v %v", ok, err)
-	}
-	release = f.lockItem(m.ID, "KEY SHARE")
-	_, handed, err = recordOutcomes(ctx, f.pool, &later, []record{{Item: rn.Item, Outcome: OutcomeAccepted}}, 100, lease)
-	if err != nil || len(handed[0]) != 1 || handed[0][0] != next(msg(m)) {
-		t.Fatalf("a key-share lock must not make the take skip: %+v %v", handed, err)
-	}
-	release()
-
-	// An entry naming an item of the outcome write itself (a handed copy of
-	// an item being recorded) or no item at all is dropped, never taken.
-	p := f.stage("event:p")
-	rp := f.claim(p, later)
-	if rp.Verdict != verdictClaimed {
-		t.Fatal(rp.Verdict)
-	}
-	if ok, err := handOff(ctx, f.pool, &later, want, []outbox.Message{msg(p), {ItemID: 1 << 40, Key: p.IdempotencyKey, Dispatch: 1}}, 10); err != nil || !ok {
-		t.Fatalf("hand-off: %v %v", ok, err)
-	}
-	// Recorded late, past its lease (nobody took it over): the entry names
-	// an expired lease, which the take would otherwise give a new dispatch
-	// in the statement that records it.
-	late2 := later.Add(2 * lease)
-	errs, handed, err = recordOutcomes(ctx, f.pool, &late2, []record{{Item: rp.Item, Outcome: OutcomeAccepted}}, 100, lease)
-	if err != nil || errs[0] != nil || len(handed[0]) != 0 {
-		t.Fatalf("own item and missing item: %v %+v %v", errs, handed, err)
-	}
-	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM delivery_slot_waiting`).Scan(&left); err != nil || left != 0 {
-		t.Fatalf("left waiting: %d %v", left, err)
-	}
-	if got := f.get(p.ID); got.State != outbox.StateAccepted || got.Dispatch != p.Dispatch {
-		t.Fatalf("recorded item: %+v", got)
-	}
-}
-
-// TestHandedClaimOfLockedItem: a handed claim does not wait for
-// next_attempt_at (the take set it one lease ahead), so a pending item it
-// does not get was locked by someone else: verdict locked (retried within
-// milliseconds), not not_due (requeued through the relay).
-func TestHandedClaimOfLockedItem(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	f := newStore(t)
-	x := f.stage("event:x")
-	f.exec(`UPDATE outbox_items SET dispatch = 2, next_attempt_at = $2::timestamptz + interval '1 minute' WHERE id = $1`, x.ID, f.now)
-	release := f.lockItem(x.ID, "UPDATE")
-	p := claimParams{Now: &f.now, ItemID: x.ID, Dispatch: 2, Exporter: x.Exporter, Key: x.IdempotencyKey, Lease: time.Minute, Handed: true}
-	if r, err := claimItem(ctx, f.pool, p); err != nil || r.Verdict != verdictLocked {
-		t.Fatalf("locked handed item: %v %v", r.Verdict, err)
-	}
-	p.Handed = false
-	if r, err := claimItem(ctx, f.pool, p); err != nil || r.Verdict != verdictNotDue {
-		t.Fatalf("the same row by a message: %v %v", r.Verdict, err)
-	}
-	release()
-	p.Handed = true
-	if r, err := claimItem(ctx, f.pool, p); err != nil || r.Verdict != verdictClaimed {
-		t.Fatalf("unlocked handed item: %v %v", r.Verdict, err)
+	for c := range outbox.ColumnWriters {
+		if !seen[c] {
+			t.Errorf("shared/outbox/columns.go names %s, which outbox_items does not have", c)
+		}
 	}
 }

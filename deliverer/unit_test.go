@@ -1,8 +1,10 @@
 package deliverer
 
 import (
+	"unicode/utf8"
+
 	"errors"
-	"fmt"
+	"github.com/nats-io/nats.go/jetstream"
 	"strings"
 	"testing"
 	"time"
@@ -55,6 +57,8 @@ func TestConfigValidate(t *testing.T) {
 		{map[string]string{"AURORA_DELIVERER_ACK_WAIT_SECONDS": "1"}, "AURORA_DELIVERER_ACK_WAIT_SECONDS"},
 		{map[string]string{"AURORA_UNCERTAINTY_HORIZON_SECONDS": "86400"}, "AURORA_UNCERTAINTY_HORIZON_SECONDS"},
 		{map[string]string{"AURORA_DELIVERER_BUSY_DELAY_MS": "x"}, "AURORA_DELIVERER_BUSY_DELAY_MS"},
+		{map[string]string{"AURORA_DELIVERER_PINNED_TTL_SECONDS": "0"}, "AURORA_DELIVERER_PINNED_TTL_SECONDS"},
+		{map[string]string{"AURORA_DELIVERER_FILTER_SUBJECT": "aurora.outbox.x.y.z"}, "AURORA_DELIVERER_FILTER_SUBJECT"},
 	}
 	for _, b := range bad {
 		var c Config
@@ -66,7 +70,7 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-func TestConsumerConfigFilters(t *testing.T) {
+func TestConsumerConfigPartitions(t *testing.T) {
 	t.Parallel()
 	c := DefaultConfig()
 	c.FilterSubject = "aurora.outbox.stripe_meter_events.org_a,aurora.outbox.stripe_meter_events.org_b"
@@ -74,19 +78,43 @@ func TestConsumerConfigFilters(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := &Deliverer{s: c.settings()}
-	cc := d.ConsumerConfig()
-	if cc.FilterSubject != "" || len(cc.FilterSubjects) != 2 || cc.AckWait != 30*time.Second || cc.MaxDeliver != -1 {
+	cc := d.ConsumerConfig(7)
+	if cc.Durable != "aurora-deliverer-p07" || cc.FilterSubject != "" || len(cc.FilterSubjects) != 2 ||
+		cc.FilterSubjects[1] != "aurora.outbox.stripe_meter_events.org_b.7" || cc.AckWait != 30*time.Second || cc.MaxDeliver != -1 ||
+		cc.PriorityPolicy != jetstream.PriorityPolicyPinned || len(cc.PriorityGroups) != 1 || cc.PriorityGroups[0] != PriorityGroup ||
+		cc.PinnedTTL != 10*time.Second || cc.MaxAckPending < 4*c.BatchSize*2 {
 		t.Fatalf("%+v", cc)
 	}
 	d = &Deliverer{s: DefaultConfig().settings()}
-	if d.ConsumerConfig().FilterSubject != DefaultFilterSubject() {
-		t.Fatal("single filter")
+	if got := d.ConsumerConfig(0).FilterSubject; got != "aurora.outbox.stripe_meter_events.*.0" {
+		t.Fatalf("single filter %q", got)
+	}
+}
+
+func TestFilterFor(t *testing.T) {
+	t.Parallel()
+	good := map[string]string{
+		"aurora.outbox.>":                             "aurora.outbox.*.*.3",
+		"aurora.outbox.stripe_meter_events.>":         "aurora.outbox.stripe_meter_events.*.3",
+		"aurora.outbox.stripe_meter_events.org_1":     "aurora.outbox.stripe_meter_events.org_1.3",
+		"aurora.outbox.*.org_1":                       "aurora.outbox.*.org_1.3",
+		"aurora.outbox.stripe_meter_events.~0123abcd": "aurora.outbox.stripe_meter_events.~0123abcd.3",
+	}
+	for in, want := range good {
+		if got, err := FilterFor(in, 3); err != nil || got != want {
+			t.Errorf("%s: %q %v, want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"other.>", "aurora.outbox", "aurora.outbox.x.y.z", "aurora.outbox.>.x", "aurora.outbox.x*.y", "aurora.outbox..y"} {
+		if _, err := FilterFor(bad, 3); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
 	}
 }
 
 func TestOptionsRefuse(t *testing.T) {
 	t.Parallel()
-	for _, o := range []Option{WithAckWait(time.Millisecond), WithLease(0), WithBusyDelay(0), WithProviderTimeout(-1), WithJitter(nil), WithLogger(nil), WithRegisterer(nil)} {
+	for _, o := range []Option{WithAckWait(time.Millisecond), WithLease(0), WithBusyDelay(0), WithProviderTimeout(-1), WithJitter(nil), WithLogger(nil), WithRegisterer(nil), WithPinnedTTL(0), WithAttachCheck(0), WithLaneShare(0)} {
 		if err := o(&Deliverer{}); !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("got %v", err)
 		}
@@ -167,22 +195,23 @@ func TestSanitize(t *testing.T) {
 	}
 }
 
-// TestMergeHanded: handed items join the group once each, at their highest
-// dispatch; a copy already queued is kept, and a newer handed copy of it is
-// returned for requeueing.
-func TestMergeHanded(t *testing.T) {
+func TestTruncateUTF8(t *testing.T) {
 	t.Parallel()
-	msg := func(id int64, dispatch int32) outbox.Message { return outbox.Message{ItemID: id, Dispatch: dispatch} }
-	todo := []groupMsg{{m: msg(1, 1)}, {m: msg(2, 3)}}
-	got, newer := mergeHanded(todo, []outbox.Message{msg(3, 1), msg(3, 2), msg(1, 2), msg(2, 1), msg(4, 1)})
-	var ids []string
-	for _, g := range got {
-		ids = append(ids, fmt.Sprintf("%d@%d", g.m.ItemID, g.m.Dispatch))
+	cases := []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"abc", 5, "abc"},
+		{"abc", 2, "ab"},
+		{"a€b", 2, "a"},           // "€" is 3 bytes: cut before it
+		{"a€b", 4, "a€"},          // exactly after it
+		{"é", 1, ""},              // nothing fits
+		{"a\xffb", 5, "a\uFFFDb"}, // invalid bytes become U+FFFD
 	}
-	if strings.Join(ids, ",") != "1@1,2@3,3@2,4@1" {
-		t.Fatalf("todo %v", ids)
-	}
-	if len(newer) != 1 || newer[0] != msg(1, 2) {
-		t.Fatalf("newer %v", newer)
+	for _, c := range cases {
+		if got := truncateUTF8(c.in, c.n); got != c.want || !utf8.ValidString(got) {
+			t.Errorf("truncateUTF8(%q, %d) = %q, want %q", c.in, c.n, got, c.want)
+		}
 	}
 }

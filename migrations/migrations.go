@@ -77,6 +77,9 @@ func provider(databaseURL string, opts ...goose.ProviderOption) (*goose.Provider
 
 // Up applies every pending migration to the database at databaseURL and
 // returns what it applied; a second call is a no-op returning no results.
+// It first refuses a database whose recorded migrations came from other
+// files (Verify: *SchemaMismatchError) and afterwards records the checksum
+// of every applied migration not yet recorded (aurora_schema_checksums).
 // Goose takes a Postgres advisory lock so concurrent callers serialise.
 // Errors wrap ErrMigrate.
 func Up(ctx context.Context, databaseURL string) ([]Result, error) {
@@ -89,9 +92,17 @@ func Up(ctx context.Context, databaseURL string) ([]Result, error) {
 		return nil, err
 	}
 	defer db.Close()
+	// A database whose applied migrations came from other files is not
+	// migrated further: what it holds is not what the later files expect.
+	if err := Verify(ctx, databaseURL); err != nil {
+		return nil, err
+	}
 	res, err := p.Up(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: up: %w", ErrMigrate, err)
+	}
+	if err := recordChecksums(ctx, db); err != nil {
+		return nil, err
 	}
 	out := make([]Result, 0, len(res))
 	for _, r := range res {

@@ -92,3 +92,41 @@ func TestUpAppliesOrderIndependentMigrationsOutOfOrderOnly(t *testing.T) {
 		t.Fatalf("up with 00017 missing: %v, want the out-of-order refusal", err)
 	}
 }
+
+// TestVerifyRefusesAnotherFile: a database whose recorded checksum of a
+// migration differs from this build's file (migrated at another commit) is
+// refused by Verify and by Up, naming the migration; Up records every
+// applied migration's checksum.
+func TestVerifyRefusesAnotherFile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.NewEmptyDatabase(t)
+	if _, err := migrations.Up(ctx, url); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Verify(ctx, url); err != nil {
+		t.Fatalf("fresh database: %v", err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	files, _ := migrations.Files()
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM aurora_schema_checksums`).Scan(&n); err != nil || n != len(files) {
+		t.Fatalf("recorded %d checksums (err %v), want %d", n, err, len(files))
+	}
+	if _, err := conn.Exec(ctx, `UPDATE aurora_schema_checksums SET sha256 = repeat('0', 64) WHERE version = 17`); err != nil {
+		t.Fatal(err)
+	}
+	err = migrations.Verify(ctx, url)
+	var mm *migrations.SchemaMismatchError
+	if !errors.Is(err, migrations.ErrSchemaMismatch) || !errors.As(err, &mm) || len(mm.Mismatches) != 1 ||
+		!strings.Contains(err.Error(), "00017_take_bumps_dispatch.sql") {
+		t.Fatalf("Verify: %v, want a mismatch naming 00017_take_bumps_dispatch.sql", err)
+	}
+	if _, err := migrations.Up(ctx, url); !errors.Is(err, migrations.ErrSchemaMismatch) {
+		t.Fatalf("Up on a mismatched database: %v, want ErrSchemaMismatch", err)
+	}
+}

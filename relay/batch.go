@@ -30,7 +30,7 @@ import (
 // (auto_explain on the demo: 28 ms a batch).
 const claimDueSQL = `
 WITH expired AS MATERIALIZED (
-    SELECT id, idempotency_key, exporter, tenant, dispatch, feature
+    SELECT id, idempotency_key, exporter, tenant, dispatch, feature, destination_account
     FROM outbox_items
     WHERE state = 'leased' AND published_dispatch < dispatch
       AND lease_expires_at < coalesce($1::timestamptz, now())
@@ -38,7 +38,7 @@ WITH expired AS MATERIALIZED (
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), due AS MATERIALIZED (
-    SELECT id, idempotency_key, exporter, tenant, dispatch, feature
+    SELECT id, idempotency_key, exporter, tenant, dispatch, feature, destination_account
     FROM outbox_items
     WHERE state = 'pending' AND published_dispatch < dispatch
       AND next_attempt_at <= coalesce($1::timestamptz, now())
@@ -46,9 +46,19 @@ WITH expired AS MATERIALIZED (
     LIMIT greatest($2 - (SELECT count(*) FROM expired), 0)
     FOR UPDATE SKIP LOCKED
 )
-SELECT * FROM expired
-UNION ALL
-SELECT * FROM due`
+SELECT c.id, c.idempotency_key, c.exporter, c.tenant, c.dispatch, c.feature, c.destination_account,
+       b.stripe_customer, m.meter_id
+FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) c
+-- The lane (account, customer, meter): one key lookup each (LIMIT 1 keeps
+-- them lookups).
+LEFT JOIN LATERAL (
+    SELECT b.stripe_customer FROM tenant_billing b
+    WHERE b.tenant = c.tenant AND b.destination_account = c.destination_account LIMIT 1
+) b ON true
+LEFT JOIN LATERAL (
+    SELECT m.meter_id FROM meter_mappings m
+    WHERE m.destination_account = c.destination_account AND m.feature = c.feature LIMIT 1
+) m ON true`
 
 // markPublishedSQL records the PubAck'd dispatch of each locked row. The
 // dispatch check is belt and braces: the batch holds the row locks, so no
@@ -59,7 +69,7 @@ SET published_dispatch = p.dispatch, published_at = coalesce($3::timestamptz, no
 FROM unnest($1::bigint[], $2::int[]) AS p(id, dispatch)
 WHERE o.id = p.id AND o.dispatch = p.dispatch`
 
-// claimed is one row of a batch.
+// claimed is one row of a batch, with the lane it was read on.
 type claimed struct {
 	id       int64
 	key      string
@@ -67,20 +77,36 @@ type claimed struct {
 	tenant   string
 	dispatch int32
 	feature  string
+	account  string
+	customer *string // nil: the tenant has no Stripe customer on the account
+	meter    *string // nil: the feature has no meter on the account
+}
+
+// lane returns the row's lane token (outbox.Lane of account, customer,
+// meter; outbox.UnmappedLane while either is unknown).
+func (c claimed) lane() string {
+	if c.customer == nil || c.meter == nil {
+		return outbox.UnmappedLane(c.account, c.tenant, c.feature)
+	}
+	return outbox.Lane(c.account, *c.customer, *c.meter)
 }
 
 // message builds the row's JetStream message: subject
-// aurora.outbox.<exporter>.<tenant-token>, Nats-Msg-Id key.dispatch, the
-// outbox.Message body (the feature as the deliverers' routing hint), and
-// Nats-Expected-Stream so a stray stream capturing
-// the subject is refused rather than fed.
-func (c claimed) message() *nats.Msg {
+// aurora.outbox.<exporter>.<tenant-token>.<partition of its lane>,
+// Nats-Msg-Id key.dispatch, the outbox.Message body (feature and lane as
+// the deliverers' routing hints), the outbox database's identity
+// (outbox.HeaderDatabase: a deliverer of another database leaves the
+// message alone), and Nats-Expected-Stream so a stray stream capturing the
+// subject is refused rather than fed.
+func (c claimed) message(partitions int, database string) *nats.Msg {
+	lane := c.lane()
 	return &nats.Msg{
-		Subject: outbox.Subject(c.exporter, c.tenant),
-		Data:    outbox.Message{ItemID: c.id, Key: c.key, Dispatch: c.dispatch, Feature: c.feature}.Encode(),
+		Subject: outbox.PartitionSubject(c.exporter, c.tenant, outbox.Partition(lane, partitions)),
+		Data:    outbox.Message{ItemID: c.id, Key: c.key, Dispatch: c.dispatch, Feature: c.feature, Lane: lane}.Encode(),
 		Header: nats.Header{
 			jetstream.MsgIDHeader:          []string{outbox.MsgID(c.key, c.dispatch)},
 			jetstream.ExpectedStreamHeader: []string{outbox.StreamName},
+			outbox.HeaderDatabase:          []string{database},
 		},
 	}
 }
@@ -105,6 +131,9 @@ func (r *Relay) batch(ctx context.Context) (n int, err error) {
 	}
 	if r.streamMissing.Load() {
 		if _, err := EnsureStream(ctx, r.js, r.cfg.Stream); err != nil {
+			if errors.Is(err, ErrForeignStream) {
+				return 0, &fatalError{err}
+			}
 			return 0, err
 		}
 		r.streamMissing.Store(false)
@@ -178,7 +207,7 @@ func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]claimed, error) {
 	items := make([]claimed, 0, r.cfg.Outbox.BatchSize)
 	for rows.Next() {
 		var c claimed
-		if err := rows.Scan(&c.id, &c.key, &c.exporter, &c.tenant, &c.dispatch, &c.feature); err != nil {
+		if err := rows.Scan(&c.id, &c.key, &c.exporter, &c.tenant, &c.dispatch, &c.feature, &c.account, &c.customer, &c.meter); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("relay: claim scan: %w", err)
 		}
@@ -323,7 +352,7 @@ func (r *Relay) publish(ctx context.Context, items []claimed) ([]claimed, error)
 				return acked, firstErr
 			}
 		}
-		paf, err := r.js.PublishMsgAsync(it.message())
+		paf, err := r.js.PublishMsgAsync(it.message(r.cfg.Stream.Partitions, r.cfg.Stream.Database))
 		if err != nil {
 			<-r.inflight
 			fail(err)

@@ -35,7 +35,7 @@ func BenchmarkRawAsyncPublish(b *testing.B) {
 	msgs := make([]*nats.Msg, b.N)
 	for i := range msgs {
 		msgs[i] = claimed{id: int64(i + 1), key: key[:54] + fmt.Sprintf("%010d", i), exporter: outbox.DefaultExporter,
-			tenant: fmt.Sprintf("org_%d", i%100), dispatch: 1, feature: "api_calls"}.message()
+			tenant: fmt.Sprintf("org_%d", i%100), dispatch: 1, feature: "api_calls", account: "acct_1"}.message(outbox.PartitionsDefault, "bench")
 	}
 	// A ring of the last MaxInflightDefault futures: before publishing
 	// message i, wait for message i-1000's PubAck (the relay's bound).

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/aurora-billing/aurora/shared/config"
+	"github.com/aurora-billing/aurora/shared/outbox"
 )
 
 // Defaults of the relay's knobs (AURORA_RELAY_*, AURORA_OUTBOX_STREAM_*).
@@ -79,6 +80,15 @@ type StreamConfig struct {
 	// a relay's republish of the same dispatch is dropped.
 	// AURORA_OUTBOX_DUPLICATE_WINDOW_SECONDS, default 120, 10..86400.
 	DuplicateWindowSeconds int `env:"OUTBOX_DUPLICATE_WINDOW_SECONDS" envDefault:"120"`
+	// Partitions: how many partitions the lanes are spread over (each
+	// consumed by one deliverer at a time); written into the stream's
+	// metadata, where the deliverers read it. Changing it needs an empty
+	// stream. AURORA_OUTBOX_PARTITIONS, default 16, 1..1024.
+	Partitions int `env:"OUTBOX_PARTITIONS" envDefault:"16"`
+	// Database is the outbox.DatabaseID the stream belongs to, written
+	// into its metadata (not a variable: Run sets it from the pool). Empty
+	// leaves the stream's recorded database as it is.
+	Database string `env:"-"`
 }
 
 // DefaultConfig returns the documented defaults (the same values config.Load
@@ -100,9 +110,10 @@ func DefaultConfig() Config {
 }
 
 // DefaultStreamConfig returns the stream defaults: 1 replica, 120 s
-// duplicate window.
+// duplicate window, 16 partitions.
 func DefaultStreamConfig() StreamConfig {
-	return StreamConfig{Replicas: StreamReplicasDefault, DuplicateWindowSeconds: int(DuplicateWindowDefault / time.Second)}
+	return StreamConfig{Replicas: StreamReplicasDefault, DuplicateWindowSeconds: int(DuplicateWindowDefault / time.Second),
+		Partitions: outbox.PartitionsDefault}
 }
 
 // Validate returns every out-of-range knob as a *config.RangeError (wrapping
@@ -125,6 +136,7 @@ func (s StreamConfig) Validate() error {
 	return errors.Join(
 		config.IntRange("OUTBOX_STREAM_REPLICAS", s.Replicas, 1, 5, "replicas"),
 		config.IntRange("OUTBOX_DUPLICATE_WINDOW_SECONDS", s.DuplicateWindowSeconds, 10, 86400, "seconds"),
+		config.IntRange("OUTBOX_PARTITIONS", s.Partitions, 1, 1024, "partitions"),
 	)
 }
 

@@ -20,6 +20,10 @@ var (
 	ErrNATSUnavailable = errors.New("relay: NATS connection not established")
 	// ErrAlreadyRun: Run was called a second time on the same Relay.
 	ErrAlreadyRun = errors.New("relay: Run called twice")
+	// ErrForeignStream: the AURORA_OUTBOX stream belongs to another outbox
+	// database (its metadata names it); the relay refuses to publish into
+	// it. Each deployment needs its own NATS (or JetStream domain).
+	ErrForeignStream = errors.New("relay: stream belongs to another outbox database")
 	// ErrNilDependency: New was given a nil pool or JetStream context.
 	ErrNilDependency = errors.New("relay: nil dependency")
 )

@@ -27,7 +27,6 @@ type metrics struct {
 	duplicates    prometheus.Counter
 	publishErrors *prometheus.CounterVec
 	redispatched  prometheus.Counter
-	orphans       prometheus.Counter
 	batchErrors   prometheus.Counter
 	inflight      prometheus.GaugeFunc
 	backlog       *backlogCollector
@@ -51,10 +50,6 @@ func newMetrics(pool *pgxpool.Pool, clk clock.Clock, timeout time.Duration, log 
 			Name: "aurora_relay_redispatched_total",
 			Help: "Rows whose published message was presumed lost (due and unclaimed past AURORA_RELAY_REDISPATCH_SECONDS) and got dispatch+1.",
 		}),
-		orphans: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "aurora_relay_handoff_orphans_total",
-			Help: "Items handed off to a delivery slot that no live holder will take (the slot is free or expired), given a new dispatch by the relay's sweep and published.",
-		}),
 		batchErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "aurora_relay_batch_errors_total",
 			Help: "Batches or sweeps that failed (Postgres or NATS unavailable); the worker backs off.",
@@ -77,7 +72,7 @@ func newMetrics(pool *pgxpool.Pool, clk clock.Clock, timeout time.Duration, log 
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.published, m.duplicates, m.publishErrors, m.redispatched, m.orphans, m.batchErrors, m.inflight, m.backlog}
+	return []prometheus.Collector{m.published, m.duplicates, m.publishErrors, m.redispatched, m.batchErrors, m.inflight, m.backlog}
 }
 
 // backlogCollector measures the oldest due-but-unpublished row at scrape

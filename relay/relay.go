@@ -10,6 +10,7 @@ import (
 
 	"github.com/aurora-billing/aurora/shared/clock"
 	"github.com/aurora-billing/aurora/shared/ops"
+	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -184,16 +185,22 @@ func (r *Relay) Checks() []ops.Check {
 	}
 }
 
-// Run ensures the stream (retrying while NATS is unreachable), then
-// publishes until ctx ends. It returns nil after a graceful stop: the
+// Run reads the outbox database's identity (outbox.DatabaseID, stamped on
+// the stream and every message), ensures the stream (retrying while
+// Postgres or NATS is unreachable), then publishes until ctx ends. It returns nil after a graceful stop: the
 // batches in progress finish (PubAcks awaited, marks committed) before it
 // returns. It returns an error wrapping ErrStreamConfig when JetStream
-// refuses the stream configuration, and ErrAlreadyRun on a second call.
+// refuses the stream configuration, one wrapping ErrForeignStream when the
+// stream belongs to another outbox database, and ErrAlreadyRun on a second
+// call.
 // Postgres or NATS outages never end Run: the relay backs off and retries,
 // losing nothing.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return ErrAlreadyRun
+	}
+	if err := r.resolveDatabase(ctx); err != nil {
+		return nil // ctx ended
 	}
 	if err := r.ensureStream(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -240,8 +247,29 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// resolveDatabase sets cfg.Stream.Database to the pool's outbox.DatabaseID,
+// retrying while Postgres does not answer; it returns ctx's error when ctx
+// ends first.
+func (r *Relay) resolveDatabase(ctx context.Context) error {
+	bo := r.newBackoff()
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		id, err := outbox.DatabaseID(qctx, r.pool)
+		cancel()
+		if err == nil {
+			r.cfg.Stream.Database = id
+			return nil
+		}
+		d, _ := bo.Next()
+		r.log.Warn("relay: database not reachable yet, retrying", "err", err, "retry_in", d)
+		if !sleep(ctx, d) {
+			return ctx.Err()
+		}
+	}
+}
+
 // ensureStream runs EnsureStream until it succeeds, ctx ends, or JetStream
-// refuses the configuration (ErrStreamConfig, returned).
+// refuses the configuration (ErrStreamConfig or ErrForeignStream, returned).
 func (r *Relay) ensureStream(ctx context.Context) error {
 	bo := r.newBackoff()
 	for {
@@ -251,7 +279,7 @@ func (r *Relay) ensureStream(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, ErrStreamConfig) {
+		if errors.Is(err, ErrStreamConfig) || errors.Is(err, ErrForeignStream) {
 			return err
 		}
 		d, _ := bo.Next()

@@ -31,8 +31,10 @@ func TestPublishesCommittedRowsOnceWithContract(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if m.subject != outbox.Subject(row.Exporter, row.Tenant) {
-			t.Errorf("item %d subject %q, want %q", row.ID, m.subject, outbox.Subject(row.Exporter, row.Tenant))
+		lane := outbox.UnmappedLane(row.DestinationAccount, row.Tenant, row.Feature) // the test rows have no customer or meter
+		want := outbox.PartitionSubject(row.Exporter, row.Tenant, outbox.Partition(lane, outbox.PartitionsDefault))
+		if m.subject != want || m.body.Lane != lane {
+			t.Errorf("item %d subject %q lane %q, want %q and %q", row.ID, m.subject, m.body.Lane, want, lane)
 		}
 		if m.msgID != outbox.MsgID(row.IdempotencyKey, 1) || m.body.Key != row.IdempotencyKey || m.body.Dispatch != 1 || m.body.Feature != row.Feature {
 			t.Errorf("item %d: msg id %q body %+v, want dispatch 1 of key %s, feature %s", row.ID, m.msgID, m.body, row.IdempotencyKey, row.Feature)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/aurora-billing/aurora/shared/outbox"
@@ -12,14 +13,21 @@ import (
 )
 
 // StreamSubjects are the subjects of the AURORA_OUTBOX stream:
-// aurora.outbox.<exporter>.<tenant-token> (outbox.Subject).
+// aurora.outbox.<exporter>.<tenant-token>.<partition> (outbox.PartitionSubject).
 var StreamSubjects = []string{outbox.SubjectPrefix + ".>"}
 
 // StreamConfigFor returns the JetStream configuration of the AURORA_OUTBOX
 // stream: work-queue retention (a message leaves the stream when a deliverer
-// acks it), file storage, cfg's replicas and duplicate window.
+// acks it), file storage, cfg's replicas and duplicate window, and metadata
+// naming the partition count and (when cfg.Database is set) the outbox
+// database.
 func StreamConfigFor(cfg StreamConfig) jetstream.StreamConfig {
+	meta := map[string]string{outbox.MetaPartitions: strconv.Itoa(cfg.Partitions)}
+	if cfg.Database != "" {
+		meta[outbox.MetaDatabase] = cfg.Database
+	}
 	return jetstream.StreamConfig{
+		Metadata:    meta,
 		Name:        outbox.StreamName,
 		Description: "aurora export outbox: item is ready for an attempt (Postgres is the truth)",
 		Subjects:    StreamSubjects,
@@ -43,12 +51,28 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		return nil, err
 	}
 	want := StreamConfigFor(cfg)
-	// Leave a stream that already has our settings alone: every relay start
-	// would otherwise rewrite it, and nats-server v2.15.2 races a stream
-	// update against a concurrent consumer creation (a data race the race
-	// detector reports, seen when deliverers start beside a relay).
-	if cur, err := js.Stream(ctx, outbox.StreamName); err == nil && managedEqual(cur.CachedInfo().Config, want) {
-		return cur, nil
+	if cur, err := js.Stream(ctx, outbox.StreamName); err == nil {
+		info := cur.CachedInfo()
+		have := info.Config.Metadata
+		if db := have[outbox.MetaDatabase]; db != "" && cfg.Database != "" && db != cfg.Database {
+			return nil, fmt.Errorf("%w: stream %s belongs to outbox database %s, this relay's is %s",
+				ErrForeignStream, outbox.StreamName, db, cfg.Database)
+		}
+		if db := have[outbox.MetaDatabase]; db != "" && cfg.Database == "" {
+			want.Metadata[outbox.MetaDatabase] = db // keep the recorded owner
+		}
+		if p := have[outbox.MetaPartitions]; p != "" && p != want.Metadata[outbox.MetaPartitions] && info.State.Msgs > 0 {
+			return nil, fmt.Errorf("%w: stream %s has %d messages on %s partitions; AURORA_OUTBOX_PARTITIONS=%d needs it drained first",
+				ErrStreamConfig, outbox.StreamName, info.State.Msgs, p, cfg.Partitions)
+		}
+		// Leave a stream that already has our settings alone: every relay
+		// start would otherwise rewrite it, and nats-server v2.15.2 races a
+		// stream update against a concurrent consumer creation (a data race
+		// the race detector reports, seen when deliverers start beside a
+		// relay).
+		if managedEqual(info.Config, want) {
+			return cur, nil
+		}
 	}
 	s, err := js.CreateOrUpdateStream(ctx, want)
 	if err != nil {
@@ -66,5 +90,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 func managedEqual(have, want jetstream.StreamConfig) bool {
 	return have.Description == want.Description && slices.Equal(have.Subjects, want.Subjects) &&
 		have.Retention == want.Retention && have.Storage == want.Storage && have.Replicas == want.Replicas &&
-		have.Duplicates == want.Duplicates && have.Discard == want.Discard
+		have.Duplicates == want.Duplicates && have.Discard == want.Discard &&
+		have.Metadata[outbox.MetaPartitions] == want.Metadata[outbox.MetaPartitions] &&
+		have.Metadata[outbox.MetaDatabase] == want.Metadata[outbox.MetaDatabase]
 }

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,7 +28,7 @@ func TestEnsureStreamCreatesThenUpdatesIdempotently(t *testing.T) {
 			t.Fatalf("call %d: stream config %+v", i, c)
 		}
 	}
-	s, err := EnsureStream(ctx, js, StreamConfig{Replicas: 1, DuplicateWindowSeconds: 600})
+	s, err := EnsureStream(ctx, js, StreamConfig{Replicas: 1, DuplicateWindowSeconds: 600, Partitions: outbox.PartitionsDefault})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,5 +92,40 @@ func TestDeletedStreamIsRecreated(t *testing.T) {
 	})
 	if n, err := streamCount(js); err != nil || n != 5 {
 		t.Fatalf("recreated stream holds %d (err %v), want 5", n, err)
+	}
+}
+
+// A relay of another outbox database refuses the stream a first relay made,
+// naming both databases; changing the partition count of a stream that holds
+// messages is refused.
+func TestEnsureStreamRefusesAnotherDatabaseAndRepartitioning(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t, natstest.New(t))
+	ctx := context.Background()
+	a := DefaultStreamConfig()
+	a.Database = "7001/db_a/outbox_items"
+	if _, err := EnsureStream(ctx, js, a); err != nil {
+		t.Fatal(err)
+	}
+	b := a
+	b.Database = "7001/db_b/outbox_items"
+	_, err := EnsureStream(ctx, js, b)
+	if !errors.Is(err, ErrForeignStream) || !strings.Contains(err.Error(), a.Database) || !strings.Contains(err.Error(), b.Database) {
+		t.Fatalf("err %v, want ErrForeignStream naming both databases", err)
+	}
+	// A caller that names no database (the demo's set-up) keeps the owner.
+	anon := a
+	anon.Database = ""
+	s, err := EnsureStream(ctx, js, anon)
+	if err != nil || s.CachedInfo().Config.Metadata[outbox.MetaDatabase] != a.Database {
+		t.Fatalf("anonymous ensure: %v, metadata %v", err, s.CachedInfo().Config.Metadata)
+	}
+	if _, err := js.Publish(ctx, outbox.PartitionSubject(outbox.DefaultExporter, "org_1", 0), []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	re := a
+	re.Partitions = 8
+	if _, err := EnsureStream(ctx, js, re); !errors.Is(err, ErrStreamConfig) {
+		t.Fatalf("repartitioning a non-empty stream: %v, want ErrStreamConfig", err)
 	}
 }

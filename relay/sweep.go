@@ -88,80 +88,11 @@ func (r *Relay) sweepLoop(ctx context.Context) {
 	}
 }
 
-// orphanAge is how long a hand-off entry waits for its slot's holder before
-// the sweep looks at it: a holder's outcome write takes the entries of the
-// slot it frees at once, so an older entry on a free or expired slot has
-// nobody coming for it.
-const orphanAge = 10 * time.Second
-
-// orphanSlots bounds the slots one sweep takes orphaned entries of, and
-// orphanPerSlot the entries it takes per slot (a slot's whole list: the
-// deliverers never let more than 1,000 wait for one slot).
-const (
-	orphanSlots   = 100
-	orphanPerSlot = 1000
-)
-
-// takeOrphansSQL takes the hand-off entries (migration 00015) that no live
-// holder will take — older than $2 seconds, on a delivery slot that is free
-// or expired — with the deliverers' own take (aurora_take_handed, migration
-// 00017) at a lease of zero: each item still open at its handed dispatch
-// gets a new dispatch, due now, which the relay publishes; entries whose
-// item moved on are dropped. Such entries are rare: a take skips an item
-// another transaction holds locked and leaves its entry for the slot's next
-// take, and a slot may see none. Without this they waited for the
-// re-dispatch sweep (AURORA_RELAY_REDISPATCH_SECONDS).
-//
-// The slot row is locked FOR UPDATE SKIP LOCKED (only while free or
-// expired), so a deliverer's outcome write or claim on the slot is never
-// raced: a slot someone holds or is taking is left alone this round.
-// Returns how many items got a new dispatch.
-const takeOrphansSQL = `
-WITH s AS MATERIALIZED (
-	SELECT DISTINCT destination_account, stripe_customer, meter_id
-	FROM delivery_slot_waiting
-	WHERE handed_at < coalesce($1::timestamptz, now()) - make_interval(secs => $2)
-	LIMIT $3
-), free AS MATERIALIZED (
-	SELECT d.destination_account, d.stripe_customer, d.meter_id
-	FROM s CROSS JOIN LATERAL (
-		SELECT d.destination_account, d.stripe_customer, d.meter_id FROM delivery_slots d
-		WHERE d.destination_account = s.destination_account AND d.stripe_customer = s.stripe_customer
-		  AND d.meter_id = s.meter_id
-		  AND (d.item_id IS NULL OR d.expires_at < coalesce($1::timestamptz, now()))
-		FOR UPDATE SKIP LOCKED
-	) d
-)
-SELECT coalesce(sum(cardinality(aurora_take_handed(destination_account, stripe_customer, meter_id, $4,
-	'0 seconds'::interval, coalesce($1::timestamptz, now()), NULL))), 0)::bigint
-FROM free`
-
-// takeOrphans runs takeOrphansSQL once and returns how many items it gave
-// a new dispatch.
-func (r *Relay) takeOrphans(ctx context.Context) (int, error) {
-	var n int64
-	if err := r.pool.QueryRow(ctx, takeOrphansSQL, r.clk.Override(), orphanAge.Seconds(), orphanSlots, orphanPerSlot).Scan(&n); err != nil {
-		return 0, fmt.Errorf("relay: orphaned hand-offs: %w", err)
-	}
-	if n > 0 {
-		r.m.orphans.Add(float64(n))
-		r.log.Info("relay: published hand-offs no holder will take", "items", n)
-		r.kick()
-	}
-	return int(n), nil
-}
-
 // sweep bumps every stale row (in transactions of at most sweepLimit rows),
-// takes orphaned hand-off entries (takeOrphans), wakes the workers when it
-// bumped any, and returns how many rows it bumped in all.
+// wakes the workers when it bumped any, and returns how many rows it bumped
+// in all.
 func (r *Relay) sweep(ctx context.Context) (int, error) {
-	// Independent of the re-dispatch below: a failure here is logged and
-	// counted, and the re-dispatch still runs.
-	total, err := r.takeOrphans(ctx)
-	if err != nil && ctx.Err() == nil {
-		r.m.batchErrors.Inc()
-		r.log.Warn("relay: taking orphaned hand-offs failed", "err", err)
-	}
+	total := 0
 	for {
 		rows, err := r.pool.Query(ctx, redispatchSQL, r.clk.Override(), r.cfg.RedispatchSeconds, sweepLimit)
 		if err != nil {

@@ -70,11 +70,11 @@ func startPipeline(t *testing.T, p *pipeline) {
 	go func() { done <- dl.Run(ctx) }()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		if _, err := js.Consumer(ctx, outbox.StreamName, dl.ConsumerConfig().Durable); err == nil {
+		if dl.Ready() == nil {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the deliverer's consumer did not appear")
+			t.Fatal("the deliverer's partition consumers did not appear")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -35,6 +35,7 @@ require (
 	github.com/aurora-billing/aurora/migrations v0.0.0-00010101000000-000000000000
 	github.com/caarlos0/env/v10 v10.0.0
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/jackc/pgxlisten v0.0.0-20250802141604-12b92425684c
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0

@@ -54,7 +54,8 @@ var errNotMigrated = errors.New("database not migrated")
 
 // requireMigrated refuses to start the service who when the database at url
 // has migrations this binary knows but that are not applied, naming them
-// and the command that applies them. A database that does not answer is
+// and the command that applies them, or migrations applied from other files
+// than this build's (migrations.SchemaMismatchError names each). A database that does not answer is
 // not refused here: the services wait out outages.
 func requireMigrated(ctx context.Context, who, url string, log *slog.Logger) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -73,6 +74,15 @@ func requireMigrated(ctx context.Context, who, url string, log *slog.Logger) err
 	if len(pending) > 0 {
 		return fmt.Errorf("%s: %w: migrations %s are not applied; run `aurora migrate` (or `auroractl migrate up`) against AURORA_DATABASE_URL",
 			who, errNotMigrated, strings.Join(pending, ", "))
+	}
+	// Applied is not enough: each must have been applied from this build's
+	// file (a database migrated at another commit can hold a migration of
+	// the same number that did something else).
+	if err := migrations.Verify(cctx, url); err != nil {
+		if errors.Is(err, migrations.ErrSchemaMismatch) {
+			return fmt.Errorf("%s: %w", who, err)
+		}
+		log.Warn(who+": could not verify the schema checksums; starting anyway", "err", err)
 	}
 	return nil
 }

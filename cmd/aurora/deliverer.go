@@ -43,19 +43,23 @@ func newDelivererCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "deliverer",
 		Short: "Claim outbox items from AURORA_OUTBOX, send them to Stripe meter events, record outcomes",
-		Long: `The deliverer is stateless: run any number of replicas on one durable pull consumer.
-For each message it claims the row in Postgres (FOR UPDATE SKIP LOCKED, lease_token+1), runs
-the pre-send checks, sends the meter event with identifier = Idempotency-Key = the item's key,
-classifies Stripe's answer with one table and records the outcome fenced by lease_token.
-At most one call is in flight per (account, customer, meter) across all replicas.
-See docs/deliverer.md.
+		Long: `The deliverer is stateless: run any number of replicas of a pool. AURORA_OUTBOX is split into
+partitions by lane (account, customer, meter); JetStream pins each partition consumer to one
+replica at a time (a priority group, pinned client), and a standby takes over within
+AURORA_DELIVERER_PINNED_TTL_SECONDS when the owner dies. For each message the owner claims the row
+in Postgres (FOR UPDATE SKIP LOCKED, lease_token+1), runs the pre-send checks, sends the meter
+event with identifier = Idempotency-Key = the item's key, classifies Stripe's answer with one
+table and records the outcome fenced by lease_token. A lane's calls run one at a time.
+It refuses to start on another deployment's stream, on a consumer another replica consumes with
+other filters, and on a database whose schema does not match this build. See docs/deliverer.md.
 
 Configuration: AURORA_DATABASE_URL, AURORA_NATS_URL, AURORA_STRIPE_API_KEY (never printed),
 AURORA_STRIPE_API_BASE, AURORA_STRIPE_TIMEOUT_SECONDS, AURORA_OUTBOX_LEASE_SECONDS,
 AURORA_OUTBOX_MAX_ATTEMPTS, AURORA_OUTBOX_BACKOFF_BASE_SECONDS, AURORA_OUTBOX_BACKOFF_CAP_SECONDS,
 AURORA_UNCERTAINTY_HORIZON_SECONDS, AURORA_DELIVERER_CONCURRENCY, AURORA_DELIVERER_CONSUMER,
 AURORA_DELIVERER_FILTER_SUBJECT, AURORA_DELIVERER_ACK_WAIT_SECONDS, AURORA_DELIVERER_BUSY_DELAY_MS,
-AURORA_DELIVERER_SHUTDOWN_SECONDS, AURORA_DELIVERER_DB_CONNS, AURORA_DELIVERER_HTTP_ADDR.`,
+AURORA_DELIVERER_SHUTDOWN_SECONDS, AURORA_DELIVERER_PINNED_TTL_SECONDS, AURORA_DELIVERER_DB_CONNS,
+AURORA_DELIVERER_HTTP_ADDR.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var cfg delivererConfig
@@ -63,11 +67,11 @@ AURORA_DELIVERER_SHUTDOWN_SECONDS, AURORA_DELIVERER_DB_CONNS, AURORA_DELIVERER_H
 				return err
 			}
 			if validate {
-				fmt.Fprintf(cmd.OutOrStdout(), "configuration valid: database=%s nats=%s stripe_api_base=%s stripe_key_mode=%s stripe_timeout_seconds=%d lease_seconds=%d max_attempts=%d backoff_base_seconds=%d backoff_cap_seconds=%d horizon_seconds=%d concurrency=%d consumer=%s filter_subject=%s ack_wait_seconds=%d busy_delay_ms=%d shutdown_seconds=%d db_conns=%d http_addr=%q\n",
+				fmt.Fprintf(cmd.OutOrStdout(), "configuration valid: database=%s nats=%s stripe_api_base=%s stripe_key_mode=%s stripe_timeout_seconds=%d lease_seconds=%d max_attempts=%d backoff_base_seconds=%d backoff_cap_seconds=%d horizon_seconds=%d concurrency=%d consumer=%s filter_subject=%s ack_wait_seconds=%d busy_delay_ms=%d shutdown_seconds=%d pinned_ttl_seconds=%d db_conns=%d http_addr=%q\n",
 					redactURL(cfg.Database.URL), redactURL(cfg.NATS.URL), redactURL(cfg.Stripe.APIBase), stripeexport.KeyMode(cfg.Stripe.APIKey),
 					cfg.ProviderTimeoutSeconds, cfg.LeaseSeconds, cfg.MaxAttempts, cfg.BackoffBaseSeconds, cfg.BackoffCapSeconds,
 					cfg.UncertaintyHorizonSeconds, cfg.Concurrency, cfg.Consumer, cfg.FilterSubject, cfg.AckWaitSeconds,
-					cfg.BusyDelayMillis, cfg.ShutdownSeconds, cfg.DBConns, cfg.HTTPAddr)
+					cfg.BusyDelayMillis, cfg.ShutdownSeconds, cfg.PinnedTTLSeconds, cfg.DBConns, cfg.HTTPAddr)
 				return nil
 			}
 			return runDeliverer(cmd.Context(), cfg)
@@ -114,6 +118,7 @@ func runDeliverer(ctx context.Context, cfg delivererConfig) error {
 			return nil
 		}},
 	}
+	checks = append(checks, d.Checks()...)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ops.Serve(gctx, cfg.HTTPAddr, ops.Handler(reg, checks...)) })
 	g.Go(func() error { return d.Run(gctx) })

@@ -104,7 +104,7 @@ func TestDelivererCommandDeliversAndStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	msg := outbox.Message{ItemID: row.ID, Key: row.IdempotencyKey, Dispatch: row.Dispatch}
-	if _, err := js.Publish(ctx, outbox.Subject(row.Exporter, row.Tenant), msg.Encode(), jetstream.WithMsgID(outbox.MsgID(row.IdempotencyKey, row.Dispatch))); err != nil {
+	if _, err := js.Publish(ctx, outbox.PartitionSubject(row.Exporter, row.Tenant, 0), msg.Encode(), jetstream.WithMsgID(outbox.MsgID(row.IdempotencyKey, row.Dispatch))); err != nil {
 		t.Fatal(err)
 	}
 

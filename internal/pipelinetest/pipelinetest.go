@@ -22,7 +22,6 @@ import (
 	"github.com/aurora-billing/aurora/relay"
 	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/aurora-billing/aurora/shared/natstest"
-	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/aurora-billing/aurora/stripeemulator"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -122,11 +121,11 @@ func (p *Pipeline) Start() {
 	go func() { done <- dl.Run(ctx) }()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		if _, err := js.Consumer(ctx, outbox.StreamName, dl.ConsumerConfig().Durable); err == nil {
+		if dl.Ready() == nil {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("pipelinetest: the deliverer's consumer did not appear")
+			t.Fatal("pipelinetest: the deliverer's partition consumers did not appear")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -16,7 +16,7 @@ const (
 	// for an attempt".
 	StreamName = "AURORA_OUTBOX"
 	// SubjectPrefix prefixes every outbox subject:
-	// aurora.outbox.<exporter>.<tenant-token>.
+	// aurora.outbox.<exporter>.<tenant-token>.<partition> (PartitionSubject).
 	SubjectPrefix = "aurora.outbox"
 )
 
@@ -35,7 +35,8 @@ func TenantToken(tenant string) string {
 	return "~" + hex.EncodeToString(sum[:12])
 }
 
-// Subject returns the subject an item is published on.
+// Subject returns aurora.outbox.<exporter>.<tenant-token>: the subject of
+// tenant's items without the partition token (PartitionSubject adds it).
 func Subject(exporter, tenant string) string {
 	return SubjectPrefix + "." + TenantToken(exporter) + "." + TenantToken(tenant)
 }
@@ -48,15 +49,16 @@ func MsgID(key string, dispatch int32) string {
 }
 
 // Message is the body of an outbox message. It names the row; the row in
-// Postgres is the truth and carries everything else. Feature is a routing
-// hint only (deliverers serialise a tenant's calls per feature locally,
-// since Stripe allows one concurrent call per customer and meter); it may be
-// empty and is never trusted over the row.
+// Postgres is the truth and carries everything else. Feature and Lane are
+// routing hints only: Lane (see Lane) is the (account, customer, meter) the
+// relay read when it published, and a deliverer runs one lane's messages one
+// at a time; they may be empty and are never trusted over the row.
 type Message struct {
 	ItemID   int64  `json:"item_id"`
 	Key      string `json:"key"`
 	Dispatch int32  `json:"dispatch"`
 	Feature  string `json:"feature,omitempty"`
+	Lane     string `json:"lane,omitempty"`
 }
 
 // ErrBadMessage: a message body that is not a valid Message.

@@ -1,0 +1,349 @@
+package deliverer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aurora-billing/aurora/shared/outbox"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// partition is the state of one partition consumer in this process.
+type partition struct {
+	n int
+
+	mu    sync.Mutex
+	pin   string // the last Nats-Pin-Id JetStream delivered to us on it
+	owned bool
+}
+
+func (p *partition) setPin(pin string) {
+	if pin == "" {
+		return
+	}
+	p.mu.Lock()
+	p.pin = pin
+	p.mu.Unlock()
+}
+
+// prepare resolves this deliverer's database identity and waits for the
+// stream, then checks it: the partition count (written by the relay), the
+// database the stream belongs to (*ForeignDatabaseError), and that no
+// running deliverer consumes this pool's consumers with other filters
+// (*ConsumerClashError). It returns the partition count.
+func (d *Deliverer) prepare(ctx context.Context) (int, error) {
+	wait := 100 * time.Millisecond
+	pause := func() error {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+		return nil
+	}
+	for d.dbID == "" {
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		id, err := outbox.DatabaseID(qctx, d.db)
+		cancel()
+		if err == nil {
+			d.dbID = id
+			break
+		}
+		d.log.Warn("deliverer: database not reachable yet, retrying", "err", err, "retry_in", wait)
+		if err := pause(); err != nil {
+			return 0, err
+		}
+	}
+	for {
+		n, err := d.streamPartitions(ctx)
+		if err == nil {
+			if err := d.checkClash(ctx, n); err != nil {
+				return 0, err
+			}
+			return n, nil
+		}
+		var apiErr *jetstream.APIError
+		switch {
+		case errors.Is(err, ErrForeignDatabase):
+			return 0, err
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			d.log.Info("deliverer: waiting for stream", "stream", outbox.StreamName)
+		case errors.Is(err, ErrNoPartitions):
+			d.log.Warn("deliverer: waiting for a relay that partitions the stream", "err", err)
+		case errors.As(err, &apiErr):
+			return 0, fmt.Errorf("deliverer: stream %s: %w", outbox.StreamName, err)
+		case ctx.Err() != nil:
+			return 0, ctx.Err()
+		default:
+			d.log.Warn("deliverer: JetStream not reachable yet, retrying", "err", err, "retry_in", wait)
+		}
+		if err := pause(); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// streamPartitions reads the stream's metadata: the partition count
+// (ErrNoPartitions when absent or not a number in 1..1024) and the outbox
+// database (*ForeignDatabaseError when another's).
+func (d *Deliverer) streamPartitions(ctx context.Context) (int, error) {
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s, err := d.js.Stream(sctx, outbox.StreamName)
+	if err != nil {
+		return 0, err
+	}
+	meta := s.CachedInfo().Config.Metadata
+	if db := meta[outbox.MetaDatabase]; db != "" && db != d.dbID {
+		return 0, &ForeignDatabaseError{Where: "stream " + outbox.StreamName, Ours: d.dbID, Their: db}
+	}
+	n, err := strconv.Atoi(meta[outbox.MetaPartitions])
+	if err != nil || n < 1 || n > 1024 {
+		return 0, fmt.Errorf("%w: metadata %s=%q", ErrNoPartitions, outbox.MetaPartitions, meta[outbox.MetaPartitions])
+	}
+	return n, nil
+}
+
+// checkClash refuses to start when a partition consumer of this pool exists
+// with other filter subjects and someone consumes it (a client is pinned or
+// pull requests wait): two deliverers configured differently on one
+// durable would otherwise take turns rewriting its filter. A consumer
+// nobody consumes is updated to this configuration by attach.
+func (d *Deliverer) checkClash(ctx context.Context, n int) error {
+	for p := range n {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		c, err := d.js.Consumer(cctx, outbox.StreamName, d.ConsumerName(p))
+		cancel()
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("deliverer: consumer %s: %w", d.ConsumerName(p), err)
+		}
+		info := c.CachedInfo()
+		theirs, ours := filtersOf(info.Config), filtersOf(d.ConsumerConfig(p))
+		if slices.Equal(theirs, ours) {
+			continue
+		}
+		if info.NumWaiting > 0 || pinnedID(info) != "" {
+			return &ConsumerClashError{Consumer: d.ConsumerName(p), Theirs: theirs, Ours: ours}
+		}
+	}
+	return nil
+}
+
+func filtersOf(cc jetstream.ConsumerConfig) []string {
+	fs := slices.Clone(cc.FilterSubjects)
+	if cc.FilterSubject != "" {
+		fs = append(fs, cc.FilterSubject)
+	}
+	slices.Sort(fs)
+	return fs
+}
+
+func pinnedID(info *jetstream.ConsumerInfo) string {
+	for _, g := range info.PriorityGroups {
+		if g.Group == PriorityGroup {
+			return g.PinnedClientID
+		}
+	}
+	return ""
+}
+
+// attach keeps partition p consumed until ctx ends: it creates or updates
+// the consumer, starts a consume loop, and every attach check asks
+// JetStream whether the consumer still exists with this configuration. A
+// consumer deleted (nats consumer rm, a stream recreated after its store was
+// lost) or re-filtered stops the loop; the consumer is created again and a
+// new loop started. Readiness (Ready) counts the loops running. A stream
+// recreated for another outbox database is not consumed: the loop stays
+// down, logged, until it is fixed.
+func (d *Deliverer) attach(ctx, work context.Context, p *partition) {
+	wait := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		cc, cons, err := d.startConsume(ctx, work, p)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			d.m.errors.WithLabelValues("attach").Inc()
+			d.log.Warn("deliverer: partition not attached, retrying", "consumer", d.ConsumerName(p.n), "err", err, "retry_in", wait)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, 5*time.Second)
+			continue
+		}
+		wait = 100 * time.Millisecond
+		d.attached.Add(1)
+		d.m.attached.Inc()
+		why := d.watch(ctx, cons, p)
+		cc.Stop()
+		d.attached.Add(-1)
+		d.m.attached.Dec()
+		d.setOwned(p, false)
+		if ctx.Err() != nil {
+			return
+		}
+		d.m.errors.WithLabelValues("reattach").Inc()
+		d.log.Warn("deliverer: consume loop stopped; re-attaching", "consumer", d.ConsumerName(p.n), "why", why)
+	}
+}
+
+// startConsume checks the stream's database, creates or updates partition
+// p's consumer and starts its consume loop.
+func (d *Deliverer) startConsume(ctx, work context.Context, p *partition) (jetstream.ConsumeContext, jetstream.Consumer, error) {
+	if _, err := d.streamPartitions(ctx); err != nil {
+		return nil, nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	cons, err := d.js.CreateOrUpdateConsumer(cctx, outbox.StreamName, d.ConsumerConfig(p.n))
+	cancel()
+	if err != nil {
+		return nil, nil, err
+	}
+	cc, err := cons.Consume(func(msg jetstream.Msg) { d.onMessage(work, p, msg) },
+		jetstream.PullPriorityGroup(PriorityGroup),
+		jetstream.PullMaxMessages(min(d.s.concurrency, d.s.laneShare)),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			d.log.Debug("deliverer: consume", "consumer", d.ConsumerName(p.n), "err", err)
+		}))
+	if err != nil {
+		return nil, nil, fmt.Errorf("deliverer: consume %s: %w", d.ConsumerName(p.n), err)
+	}
+	return cc, cons, nil
+}
+
+// watch returns why partition p's consume loop must be restarted, checking
+// every attach check, or "" when ctx ends. It also tracks whether this
+// process owns the partition (JetStream pinned it to us).
+func (d *Deliverer) watch(ctx context.Context, cons jetstream.Consumer, p *partition) string {
+	want := d.ConsumerConfig(p.n)
+	created := cons.CachedInfo().Created
+	t := time.NewTicker(d.s.attachCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ""
+		case <-t.C:
+		}
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		info, err := cons.Info(ictx)
+		cancel()
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
+			return "consumer deleted"
+		case err != nil:
+			continue // no answer (NATS reconnecting): the loop resumes by itself
+		case !info.Created.Equal(created):
+			return "consumer recreated"
+		case !slices.Equal(filtersOf(info.Config), filtersOf(want)):
+			return fmt.Sprintf("consumer re-filtered to %v", filtersOf(info.Config))
+		case info.Config.PriorityPolicy != jetstream.PriorityPolicyPinned:
+			return "consumer priority policy changed"
+		}
+		p.mu.Lock()
+		pin := p.pin
+		p.mu.Unlock()
+		d.setOwned(p, pin != "" && pinnedID(info) == pin)
+	}
+}
+
+// setOwned records whether this process owns partition p, logging changes.
+func (d *Deliverer) setOwned(p *partition, owned bool) {
+	p.mu.Lock()
+	changed := p.owned != owned
+	p.owned = owned
+	p.mu.Unlock()
+	if !changed {
+		return
+	}
+	v := 0.0
+	if owned {
+		v = 1
+	}
+	d.m.owned.WithLabelValues(strconv.Itoa(p.n)).Set(v)
+	d.log.Info("deliverer: partition ownership", "consumer", d.ConsumerName(p.n), "owned", owned)
+}
+
+// Owned returns the partitions this process owns (JetStream pinned them to
+// it), as last seen by the attach checks.
+func (d *Deliverer) Owned() []int {
+	var out []int
+	for _, p := range d.parts {
+		p.mu.Lock()
+		if p.owned {
+			out = append(out, p.n)
+		}
+		p.mu.Unlock()
+	}
+	return out
+}
+
+// onMessage routes one message of partition p to its lane: a lane with no
+// runner gets one (waiting for a free runner slot: the consume loop's
+// backpressure), a running lane queues it while the lane holds less than
+// its share, and a lane over its share defers it to the relay (deferral).
+// A message of another outbox database is left untouched (delayed, never
+// terminated); one that does not decode is terminated. A panic is recovered
+// (the message is handed back) so a bug cannot end the process.
+func (d *Deliverer) onMessage(work context.Context, p *partition, msg jetstream.Msg) {
+	defer func() {
+		if r := recover(); r != nil {
+			d.m.errors.WithLabelValues("panic").Inc()
+			d.log.Error("deliverer: panic handling a message; message delayed", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			_ = msg.NakWithDelay(d.busy())
+		}
+	}()
+	h := msg.Headers()
+	if pin := h.Get("Nats-Pin-Id"); pin != "" {
+		p.setPin(pin)
+	}
+	if db := h.Get(outbox.HeaderDatabase); db != "" && db != d.dbID {
+		d.foreignAt.Store(time.Now().UnixNano())
+		d.m.skips.WithLabelValues("foreign_database").Inc()
+		d.log.Error("deliverer: message of another outbox database left untouched",
+			"err", (&ForeignDatabaseError{Where: "message", Ours: d.dbID, Their: db}).Error())
+		_ = msg.NakWithDelay(max(d.s.ackWait, 30*time.Second))
+		return
+	}
+	m, err := outbox.DecodeMessage(msg.Data())
+	if err != nil {
+		d.m.skips.WithLabelValues("bad_message").Inc()
+		d.log.Error("deliverer: bad message terminated", "subject", msg.Subject(), "err", err)
+		_ = msg.Term()
+		return
+	}
+	key := laneKey(msg.Subject(), m)
+	switch mode, delay := d.lanes.join(key, msg, m.ItemID); mode {
+	case laneQueued:
+	case laneOverflow:
+		d.overflow(msg, m, key, delay)
+	case laneOwner:
+		select {
+		case d.sem <- struct{}{}:
+		case <-work.Done():
+		}
+		if work.Err() != nil || !d.enter() {
+			if work.Err() == nil {
+				<-d.sem
+			}
+			for _, q := range append([]jetstream.Msg{msg}, d.lanes.drain(key)...) {
+				d.m.skips.WithLabelValues("shutdown").Inc()
+				_ = q.Nak()
+			}
+			return
+		}
+		go d.runLane(work, key, msg)
+	}
+}

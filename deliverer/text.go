@@ -1,0 +1,30 @@
+package deliverer
+
+import (
+	"strings"
+	"unicode/utf8"
+)
+
+// truncateUTF8 returns s cut to at most n bytes without splitting a UTF-8
+// character (Postgres refuses a text value with a broken sequence, and one
+// such value fails a whole outcome batch). Invalid bytes already in s are
+// replaced by U+FFFD first, for the same reason.
+func truncateUTF8(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
+// keyPrefix is the part of an idempotency key safe and sufficient for logs.
+func keyPrefix(key string) string {
+	if len(key) > 12 {
+		return key[:12]
+	}
+	return key
+}

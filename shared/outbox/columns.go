@@ -1,0 +1,49 @@
+package outbox
+
+// ColumnWriters says, for every column of outbox_items, which component writes it
+// and when. It is the one place this is written down; a test in package
+// deliverer fails when the table has a column missing here. Components:
+//
+//   - stage: Stage, in the caller's transaction (INSERT; the identity and
+//     payload are immutable afterwards, enforced by a trigger);
+//   - trigger: the database's own triggers (key on insert, updated_at on
+//     every update);
+//   - relay: the relay's publish batch and re-dispatch sweep;
+//   - claim, record, defer: the deliverer's claimQuery, recordQuery and
+//     deferQuery (deliverer/queries.go);
+//   - recovery: an operator's action (requeue, acknowledge, abandon);
+//   - reconciler: accepted → confirmed from the provider's evidence.
+//
+// Every transition out of leased (record) is fenced by state = 'leased' AND
+// lease_token; claim is the only writer of leased and of lease_token.
+var ColumnWriters = map[string]string{
+	"id":                  "stage (identity column)",
+	"tenant":              "stage; immutable",
+	"subject_kind":        "stage; immutable",
+	"subject_ref":         "stage; immutable",
+	"exporter":            "stage; immutable",
+	"destination_account": "stage; immutable",
+	"mode":                "stage; immutable",
+	"mapping_version":     "stage; immutable",
+	"idempotency_key":     "trigger on insert (aurora_idempotency_key of the identity); immutable",
+	"feature":             "stage; immutable",
+	"quantity":            "stage; immutable",
+	"occurred_at":         "stage; immutable",
+	"period_start":        "stage; immutable",
+	"payload":             "stage; immutable",
+	"state":               "stage (pending); claim (leased); record (pending on retry, or a terminal state); recovery (pending from quarantined, accepted or rejected from uncertain); reconciler (confirmed)",
+	"quarantine_reason":   "record (set with quarantined, cleared otherwise); recovery requeue (cleared)",
+	"lease_token":         "claim (+1 on every lease); never decreases",
+	"lease_expires_at":    "claim (now + lease); record and recovery requeue (cleared)",
+	"attempts":            "claim (+1 on every lease)",
+	"next_attempt_at":     "stage (now); record (now + backoff on retry); defer (later, for a lane over its share); recovery requeue (now)",
+	"first_attempt_at":    "claim (the first lease's now; kept afterwards)",
+	"dispatch":            "record (+1 on retry); defer (+1); relay sweep (+1 for a message presumed lost); recovery requeue (+1)",
+	"published_dispatch":  "relay (the dispatch JetStream acknowledged)",
+	"published_at":        "relay (when it was acknowledged)",
+	"last_error":          "record (the failure, at most 500 bytes cut on a UTF-8 boundary; kept when an outcome has none)",
+	"provider_ref":        "record (the provider's reference on accepted); recovery acknowledge (the operator's evidence)",
+	"created_at":          "stage (default now())",
+	"updated_at":          "trigger on every update",
+	"leased_at":           "claim (the lease's now: the attempt's started_at)",
+}
