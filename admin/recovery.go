@@ -34,6 +34,8 @@ func newRecoveryCmd() *cobra.Command {
   abandon       uncertain -> rejected: you found no trace of it; the subject restages under a NEW
                 identity and is SENT AGAIN. A wrong abandonment double-bills. When unsure, leave it.
   requeue       quarantined -> pending, after you fixed the cause
+  restage       quarantined -> rejected + a new item for the feature's CURRENT mapping version
+                under the SAME identifier (after provision meter remapped the feature)
   actions       every recovery call on one item, applied or refused
 
 Write commands are dry runs without --yes: they print the row, the change and the
@@ -51,6 +53,7 @@ the exact command). There is no force option.`,
 		newRecoveryWriteCmd(&asJSON, recovery.KindAcknowledge),
 		newRecoveryWriteCmd(&asJSON, recovery.KindAbandon),
 		newRecoveryWriteCmd(&asJSON, recovery.KindRequeue),
+		newRecoveryRestageCmd(&asJSON),
 	)
 	return cmd
 }

@@ -323,6 +323,17 @@ func renderRecoveryChange(tw *tabwriter.Writer, c recovery.Change) {
 		fmt.Fprintf(tw, "  restages as\t%sevent %s: %s, mapping version %d, new identifier %s, and is SENT AGAIN\n",
 			id, r.EventID, r.SubjectRef, r.MappingVersion, r.IdempotencyKey)
 	}
+	if r := c.Rebuild; r != nil {
+		id := ""
+		if r.ItemID != 0 {
+			id = fmt.Sprintf("item %d ", r.ItemID)
+		}
+		fmt.Fprintf(tw, "  rebuilt as	%s%s for mapping version %d -> %d, SAME identifier %s (Stripe deduplicates), dispatch %d\n",
+			id, r.SubjectRef, r.MappingVersionFrom, r.MappingVersionTo, r.IdempotencyKey, r.Dispatch)
+		if r.Link != nil {
+			fmt.Fprintf(tw, "  link	%s of %s moves to the rebuilt item\n", r.Link.Kind, r.Link.Tenant)
+		}
+	}
 	if c.Action == recovery.KindAbandon && c.Window == nil && c.Restage == nil {
 		fmt.Fprintf(tw, "  restages as\tnothing (no usage fact links this item)\n")
 	}

@@ -66,6 +66,9 @@ type Change struct {
 	// Restage is the new item an abandoned event or correction is restaged
 	// as.
 	Restage *Restage `json:"restage,omitempty"`
+	// Rebuild is the item a restage stages for the current mapping version
+	// (same idempotency key).
+	Rebuild *Rebuild `json:"rebuild,omitempty"`
 }
 
 // WindowChange is the change to usage_windows when an item linked from it

@@ -78,7 +78,7 @@ func RefusalOf(err error) Refusal {
 	case errors.Is(err, ErrStillBuffered):
 		return RefusalStillBuffered
 	default:
-		return ""
+		return restageRefusal(err)
 	}
 }
 

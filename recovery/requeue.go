@@ -3,10 +3,8 @@ package recovery
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/aurora-billing/aurora/shared/outbox"
-	"github.com/aurora-billing/aurora/shared/usage"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -33,23 +31,9 @@ func (s *Service) requeueSpec(in RequeueInput) spec {
 			if current != row.MappingVersion {
 				return &MappingChangedError{ItemID: row.ID, ItemVersion: row.MappingVersion, CurrentVersion: current}
 			}
-			if row.QuarantineReason != nil && *row.QuarantineReason == outbox.ReasonPeriodBuffered {
-				// The gate's rule (usage.EraOf); without a watermark the
-				// item was buffered because its feature counts, so it still is.
-				w, scheduled, err := usage.WatermarkFor(ctx, q, row.Tenant, row.Feature)
-				if err != nil {
-					return err
-				}
-				var at *time.Time
-				if scheduled {
-					at = &w.At
-				}
-				obs.Watermark = at
-				if usage.EraOf(row.PeriodStart, w, scheduled, usage.SourceCounters) == usage.EraBuffered {
-					return &StillBufferedError{ItemID: row.ID, PeriodStart: row.PeriodStart, Watermark: at}
-				}
-			}
-			return nil
+			// The gate's rule (usage.EraOf); without a watermark the item
+			// was buffered because its feature counts, so it still is.
+			return stillBuffered(ctx, q, row, obs)
 		},
 		plan: func(_ context.Context, _ outbox.Querier, row outbox.Row, _ bool) (Change, error) {
 			dispatch := row.Dispatch + 1
