@@ -45,7 +45,8 @@ func newProvisionCmd() *cobra.Command {
 		Long: `Set up what usage export needs. Each command is idempotent.
 
   account   record the destination Stripe account, its mode and whether it is confirmed
-  meter     create a Stripe meter for a feature and map the feature to it
+  meter     map a feature to a Stripe meter (created, or an existing one adopted); shows what a
+            remap does to staged items and writes only with --yes
   customer  create a Stripe customer for a tenant and link them
 
 meter and customer call Stripe with AURORA_STRIPE_API_KEY (and AURORA_STRIPE_API_BASE,
@@ -88,36 +89,7 @@ e.g. the emulator's URL).`,
 	acct.Flags().BoolVar(&confirmed, "confirmed", false, "an operator has confirmed this account")
 	_ = acct.MarkFlagRequired("account")
 
-	var feature, eventName string
-	meter := &cobra.Command{
-		Use:   "meter",
-		Short: "Create a meter for a feature and map it (--account --feature [--event-name])",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			api, err := stripeAPI()
-			if err != nil {
-				return err
-			}
-			pool, err := openPool(cmd)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			if eventName == "" {
-				eventName = feature
-			}
-			m, err := provision.Meter(cmd.Context(), pool, api, account, feature, eventName)
-			if err != nil {
-				return provisionErr(err)
-			}
-			return out(cmd, m, fmt.Sprintf("feature %s → meter %s (event %s, mapping_version %d, created=%v)", m.Feature, m.MeterID, m.EventName, m.MappingVersion, m.Created))
-		},
-	}
-	meter.Flags().StringVar(&account, "account", "", "Stripe account id (required)")
-	meter.Flags().StringVar(&feature, "feature", "", "feature name, e.g. api_calls (required)")
-	meter.Flags().StringVar(&eventName, "event-name", "", "meter event name (default: the feature)")
-	_ = meter.MarkFlagRequired("account")
-	_ = meter.MarkFlagRequired("feature")
+	meter := newProvisionMeterCmd(&asJSON)
 
 	var tenant string
 	customer := &cobra.Command{

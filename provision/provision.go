@@ -85,51 +85,27 @@ type Mapping struct {
 // a feature name (field.Feature) or an event name that fails field.Text)
 // makes sure feature has a Stripe meter (sum of ValueKey, customer by
 // CustomerKey) whose event name is eventName, and a meter_mappings row
-// pointing at it. An existing mapping with the same event name is reused; a
-// different event name creates a new meter and bumps mapping_version (items
-// built for the old version are then refused on requeue with
-// mapping_changed).
+// pointing at it: PlanMeter then ApplyMeter, without a dry run. An existing
+// mapping with the same event name is reused; an active Stripe meter that
+// already records eventName is adopted (Stripe refuses a second one);
+// otherwise a meter is created. A different meter than the mapped one bumps
+// mapping_version (items built for the old version are then quarantined
+// feature_unmapped and refused on requeue with mapping_changed; restage
+// them).
 func Meter(ctx context.Context, pool *pgxpool.Pool, api *client.API, account, feature, eventName string) (Mapping, error) {
-	if err := checkAccount(account); err != nil {
+	p, err := planMeter(ctx, pool, api, account, feature, eventName, "", false)
+	if err != nil {
 		return Mapping{}, err
 	}
-	if r := field.Feature(feature); r != "" {
-		return Mapping{}, &FieldError{Field: "feature", Reason: r}
+	m, err := ApplyMeter(ctx, pool, api, p)
+	var se *stripe.Error
+	if p.Meter == MeterCreate && errors.As(err, &se) && se.HTTPStatusCode == http.StatusBadRequest {
+		// The event name may be taken by an active meter: adopt it.
+		if p, err2 := planMeter(ctx, pool, api, account, feature, eventName, "", true); err2 == nil && p.Meter != MeterCreate {
+			return ApplyMeter(ctx, pool, api, p)
+		}
 	}
-	if r := field.Text(eventName, field.MaxFeatureBytes); r != "" {
-		return Mapping{}, &FieldError{Field: "event_name", Reason: r}
-	}
-	m := Mapping{Feature: feature}
-	err := pool.QueryRow(ctx, `SELECT meter_id, event_name, mapping_version FROM meter_mappings WHERE destination_account = $1 AND feature = $2`,
-		account, feature).Scan(&m.MeterID, &m.EventName, &m.MappingVersion)
-	if err == nil && m.EventName == eventName {
-		return m, nil
-	}
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return Mapping{}, fmt.Errorf("provision: meter: %w", err)
-	}
-	meter, err := api.BillingMeters.New(&stripe.BillingMeterParams{
-		DisplayName:        stripe.String(feature),
-		EventName:          stripe.String(eventName),
-		DefaultAggregation: &stripe.BillingMeterDefaultAggregationParams{Formula: stripe.String("sum")},
-		CustomerMapping:    &stripe.BillingMeterCustomerMappingParams{EventPayloadKey: stripe.String(CustomerKey), Type: stripe.String("by_id")},
-		ValueSettings:      &stripe.BillingMeterValueSettingsParams{EventPayloadKey: stripe.String(ValueKey)},
-	})
-	if err != nil {
-		return Mapping{}, fmt.Errorf("provision: create meter for %s: %w", feature, err)
-	}
-	err = pool.QueryRow(ctx, `
-		INSERT INTO meter_mappings (destination_account, feature, meter_id, event_name, customer_key, value_key)
-		VALUES ($1, $2, $3, $4, $5, $6)
-		ON CONFLICT (destination_account, feature) DO UPDATE SET meter_id = EXCLUDED.meter_id, event_name = EXCLUDED.event_name,
-			customer_key = EXCLUDED.customer_key, value_key = EXCLUDED.value_key,
-			mapping_version = meter_mappings.mapping_version + 1, updated_at = now()
-		RETURNING mapping_version`, account, feature, meter.ID, eventName, CustomerKey, ValueKey).Scan(&m.MappingVersion)
-	if err != nil {
-		return Mapping{}, fmt.Errorf("provision: meter mapping: %w", err)
-	}
-	m.MeterID, m.EventName, m.Created = meter.ID, eventName, true
-	return m, nil
+	return m, err
 }
 
 // Customer (a *FieldError, ErrInvalid, for a bad account or a tenant that
