@@ -21,9 +21,10 @@ const maxCreatedUnix = 253402300799
 // eventCreated reads an envelope's created: Unix seconds (v1 events) or an
 // RFC 3339 string (thin v2 events). ok is false when it is absent, neither,
 // or outside 1970-01-01T00:00:01Z..9999-12-31T23:59:59Z (maxCreatedUnix):
-// such a time is no Stripe event's, and one past Postgres's timestamptz
-// range would fail the insert of the whole ingest batch, a 503 for ever
-// (found by FuzzReadEnvelope).
+// such a time is no Stripe event's, and pgx's microsecond encoding
+// overflows on a large one, so created 9223372036854775807 was stored as
+// 1969-12-31T23:59:59Z and ordered the event wrongly against its
+// neighbours (found by FuzzReadEnvelope).
 func eventCreated(raw json.RawMessage) (time.Time, bool) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return time.Time{}, false
