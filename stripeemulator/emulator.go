@@ -311,7 +311,7 @@ type call struct {
 	// identifiers: every event identifier of a stream request.
 	identifiers []string
 	idemKey     string
-	done       bool
+	done        bool
 }
 
 // reply is one answer to write.
