@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"sort"
 	"text/tabwriter"
 	"time"
@@ -16,12 +17,16 @@ import (
 )
 
 // StatusLine is one figure of `auroractl status`: its name, its value as
-// shown, whether it is zero, and (when it is not) the next command to run.
+// shown, whether it needs a person, and (when it does) the next command.
 type StatusLine struct {
 	Figure string  `json:"figure"`
 	Value  float64 `json:"value"`
 	Unit   string  `json:"unit"` // "items", "events", "attempts" or "seconds"
-	Next   string  `json:"next,omitempty"`
+	// Attention: the value passed its threshold (zero for what only a
+	// person moves, the alert's objective for ages); only then are Next and
+	// Runbook set.
+	Attention bool   `json:"attention"`
+	Next      string `json:"next,omitempty"`
 	// Runbook names the RUNBOOK.md section (the alert) for this figure.
 	Runbook string `json:"runbook,omitempty"`
 }
@@ -38,12 +43,14 @@ func newStatusCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "One screen: every figure the alerts watch, and the next command for each that is not zero",
+		Short: "One screen: every figure the alerts watch, and the next command for each that needs a person",
 		Long: `status measures, from AURORA_DATABASE_URL and with its clock, what the alert rules watch
 (the same queries as the gauges exporter): uncertain and quarantined outbox items, the
 outbox backlog age by state, the webhook inbox's pending events, dead letters and
-attempts, and open reconciliation items. For each figure that is not zero it prints the
-next command to run and the RUNBOOK.md section. It writes nothing. Exit 0 when measured
+attempts, open reconciliation items, and the domain events' dead letters and each
+consumer's catch-up lag. For each figure that needs a person — above zero for what only a
+person moves (uncertain, quarantined, dead letters, open findings), past the alert's
+objective for ages — it prints the next command to run and the RUNBOOK.md section. It writes nothing. Exit 0 when measured
 (whatever the figures), 1 when the database cannot be measured.`,
 		Example: "  auroractl status\n  auroractl status --json",
 		Args:    cobra.NoArgs,
@@ -86,63 +93,109 @@ func measureStatus(ctx context.Context) (gauge.Snapshot, error) {
 	return s, nil
 }
 
+// Thresholds above which a status figure needs a person. They are the
+// alert rules' objectives (deploy/prometheus/alerts.yml), so status and the
+// pager agree; counts of states a person must act on (uncertain,
+// quarantined, dead letters, open findings) need one above zero.
+const (
+	statusBacklogObjective       = 15 * 60   // pending/leased oldest, AuroraOutboxBacklogOld
+	statusAcceptedObjective      = 48 * 3600 // accepted, unconfirmed: the reconciler's unconfirmed_acceptance horizon
+	statusInboxPendingObjective  = 3600      // AuroraInboxPendingOld
+	statusInboxAttemptsObjective = 3         // AuroraInboxAttemptsGrowing
+	statusReconOpenObjective     = 24 * 3600 // AuroraReconciliationItemOpenTooLong
+	statusEventLagObjective      = 5 * 60    // AuroraEventConsumerLagging
+	statusEventDispatchObjective = 2 * 60    // as AuroraRelayBehind, for domain events
+)
+
 // StatusLines turns a Snapshot into the lines of the status screen, in
 // the order an operator should look: money whose fate is unknown first.
-// Per-reason and per-kind lines appear only when not zero.
+// A line needs attention (Attention, with Next and Runbook) when its value
+// passes its threshold: above zero for what only a person moves, above the
+// alert's objective for ages and for the backlog a running pipeline always
+// has. Per-reason, per-kind and per-consumer lines appear only when not zero.
 func StatusLines(s gauge.Snapshot) []StatusLine {
 	var out []StatusLine
-	add := func(figure string, v float64, unit, next, runbook string) {
+	add := func(figure string, v float64, unit string, above float64, next, runbook string) {
 		l := StatusLine{Figure: figure, Value: v, Unit: unit}
-		if v != 0 {
-			l.Next, l.Runbook = next, runbook
+		if v > above {
+			l.Attention, l.Next, l.Runbook = true, next, runbook
 		}
 		out = append(out, l)
 	}
 	o := s.Outbox
-	add("outbox uncertain", float64(o.Items[outbox.StateUncertain]), "items",
+	add("outbox uncertain", float64(o.Items[outbox.StateUncertain]), "items", 0,
 		"auroractl recovery list --state uncertain   (then: auroractl recovery inspect <id>)", "AuroraUncertainItems")
-	add("outbox uncertain, oldest", o.UncertainOldestAgeSeconds, "seconds",
+	add("outbox uncertain, oldest", o.UncertainOldestAgeSeconds, "seconds", 0,
 		"auroractl recovery list --state uncertain --older-than 1h", "AuroraUncertainItems")
-	add("outbox quarantined", float64(o.Items[outbox.StateQuarantined]), "items",
+	add("outbox quarantined", float64(o.Items[outbox.StateQuarantined]), "items", 0,
 		"auroractl recovery list --state quarantined", "AuroraQuarantineGrowing")
 	for _, reason := range sortedKeys(o.QuarantinedByReason) {
 		if n := o.QuarantinedByReason[reason]; n != 0 {
-			add("  quarantined "+reason, float64(n), "items",
+			add("  quarantined "+reason, float64(n), "items", 0,
 				"auroractl recovery list --state quarantined --reason "+reason, "AuroraQuarantineGrowing")
 		}
 	}
-	add("outbox pending", float64(o.Items[outbox.StatePending]), "items",
-		"nats consumer info AURORA_OUTBOX aurora-deliverer   (is it being delivered?)", "AuroraOutboxBacklogOld")
-	add("outbox pending, oldest staged", o.BacklogAgeSeconds[outbox.StatePending], "seconds",
-		psqlOldestOpen, "AuroraOutboxBacklogOld")
-	add("outbox leased", float64(o.Items[outbox.StateLeased]), "items",
-		"nats consumer info AURORA_OUTBOX aurora-deliverer", "AuroraOutboxBacklogOld")
-	add("outbox leased, oldest staged", o.BacklogAgeSeconds[outbox.StateLeased], "seconds",
-		psqlOldestOpen, "AuroraOutboxBacklogOld")
-	add("outbox accepted, oldest staged (awaiting confirmation)", o.BacklogAgeSeconds[outbox.StateAccepted], "seconds",
-		"auroractl reconcile run   (dry run: what the reconciler would confirm or record)", "")
+	// A running pipeline always has some pending and leased items: their
+	// counts are shown, their age decides.
+	add("outbox pending", float64(o.Items[outbox.StatePending]), "items", math.Inf(1), "", "")
+	add("outbox pending, oldest staged", o.BacklogAgeSeconds[outbox.StatePending], "seconds", statusBacklogObjective,
+		"nats consumer info AURORA_OUTBOX aurora-deliverer   (then: "+psqlOldestOpen+")", "AuroraOutboxBacklogOld")
+	add("outbox leased", float64(o.Items[outbox.StateLeased]), "items", math.Inf(1), "", "")
+	add("outbox leased, oldest staged", o.BacklogAgeSeconds[outbox.StateLeased], "seconds", statusBacklogObjective,
+		"nats consumer info AURORA_OUTBOX aurora-deliverer   (then: "+psqlOldestOpen+")", "AuroraOutboxBacklogOld")
+	add("outbox accepted, oldest staged (awaiting confirmation)", o.BacklogAgeSeconds[outbox.StateAccepted], "seconds", statusAcceptedObjective,
+		"auroractl reconcile run   (dry run: what the reconciler would confirm or record)", "AuroraReconciliationItemOpenTooLong")
 	in := s.Inbox
-	add("inbox dead letters", float64(in.DeadLetterTotal()), "events",
+	add("inbox dead letters", float64(in.DeadLetterTotal()), "events", 0,
 		"auroractl inbox list --dead-letter   (then: auroractl inbox inspect <event-id>)", "AuroraInboxDeadLetters")
 	for _, reason := range sortedKeys(in.DeadLetters) {
 		if n := in.DeadLetters[reason]; n != 0 {
-			add("  dead letters "+reason, float64(n), "events", "auroractl inbox list --dead-letter", "AuroraInboxDeadLetters")
+			add("  dead letters "+reason, float64(n), "events", 0, "auroractl inbox list --dead-letter", "AuroraInboxDeadLetters")
 		}
 	}
-	add("inbox pending", float64(in.Pending), "events", "auroractl inbox inventory", "AuroraInboxPendingOld")
-	add("inbox pending, oldest received", in.OldestPendingAgeSeconds, "seconds", "auroractl inbox inventory", "AuroraInboxPendingOld")
-	add("inbox highest pending attempts", float64(in.HighestPendingAttempts), "attempts", "auroractl inbox inventory", "AuroraInboxAttemptsGrowing")
+	add("inbox pending", float64(in.Pending), "events", math.Inf(1), "", "")
+	add("inbox pending, oldest received", in.OldestPendingAgeSeconds, "seconds", statusInboxPendingObjective,
+		"auroractl inbox inventory", "AuroraInboxPendingOld")
+	add("inbox highest pending attempts", float64(in.HighestPendingAttempts), "attempts", statusInboxAttemptsObjective-1,
+		"auroractl inbox inventory", "AuroraInboxAttemptsGrowing")
 	rc := s.Reconciliation
-	add("reconciliation open items", float64(rc.OpenTotal()), "items",
+	add("reconciliation open items", float64(rc.OpenTotal()), "items", 0,
 		"auroractl reconcile list   (then: auroractl reconcile inspect <id>)", "AuroraReconciliationItemOpenTooLong")
 	for _, kind := range sortedKeys(rc.OpenByKind) {
 		if n := rc.OpenByKind[kind]; n != 0 {
-			add("  open "+kind, float64(n), "items", "auroractl reconcile list", "AuroraReconciliationItemOpenTooLong")
+			add("  open "+kind, float64(n), "items", 0, "auroractl reconcile list", "AuroraReconciliationItemOpenTooLong")
 		}
 	}
-	add("reconciliation oldest open", rc.OldestOpenAgeSeconds(), "seconds", "auroractl reconcile list", "AuroraReconciliationItemOpenTooLong")
+	add("reconciliation oldest open", rc.OldestOpenAgeSeconds(), "seconds", statusReconOpenObjective,
+		"auroractl reconcile list", "AuroraReconciliationItemOpenTooLong")
+	ev := s.Events
+	add("domain events dead-lettered in the outbox", float64(ev.OutboxDeadLetters), "events", 0,
+		psqlEventDeadLetters, "AuroraEventDeadLetters")
+	add("domain events not yet dispatched, oldest", ev.UndispatchedOldestAgeSeconds, "seconds", statusEventDispatchObjective,
+		"nats stream info AURORA_EVENTS   (is the relay publishing?)", "AuroraEventDispatchBehind")
+	add("domain event consumer dead letters", float64(ev.ConsumerDeadLetterTotal()), "events", 0,
+		psqlConsumerDeadLetters, "AuroraEventDeadLetters")
+	for _, c := range sortedKeys(ev.ConsumerDeadLetters) {
+		if n := ev.ConsumerDeadLetters[c]; n != 0 {
+			add("  dead letters of consumer "+c, float64(n), "events", 0, psqlConsumerDeadLetters, "AuroraEventDeadLetters")
+		}
+	}
+	for _, c := range sortedKeys(ev.ConsumerLagSeconds) {
+		if lag := ev.ConsumerLagSeconds[c]; lag != 0 {
+			add("  catch-up lag of consumer "+c, lag, "seconds", statusEventLagObjective,
+				"is consumer "+c+" running?   (then: "+psqlConsumerFailing+")", "AuroraEventConsumerLagging")
+		}
+	}
 	return out
 }
+
+// The domain events' first commands (RUNBOOK.md, AuroraEventDeadLetters and
+// AuroraEventConsumerLagging): rows without payloads.
+const (
+	psqlEventDeadLetters    = `psql "$AURORA_DATABASE_URL" -c "SELECT event_id, event_type, attempts, last_reason, left(last_error, 200) FROM event_outbox WHERE status = 'dead_letter' ORDER BY dead_lettered_at LIMIT 20"`
+	psqlConsumerDeadLetters = `psql "$AURORA_DATABASE_URL" -c "SELECT consumer, event_id, attempts, dead_letter_reason, left(last_error, 200) FROM event_inbox WHERE dead_lettered_at IS NOT NULL ORDER BY dead_lettered_at LIMIT 20"`
+	psqlConsumerFailing     = `psql "$AURORA_DATABASE_URL" -c "SELECT consumer, event_id, attempts, next_attempt_at, left(last_error, 200) FROM event_inbox WHERE status = 'failed' AND dead_lettered_at IS NULL ORDER BY next_attempt_at LIMIT 20"`
+)
 
 // psqlOldestOpen lists the oldest items a deliverer still has to move,
 // with why their last attempt failed (no payload, no customer id).
@@ -165,7 +218,7 @@ func renderStatus(w io.Writer, s gauge.Snapshot, lines []StatusLine) error {
 	for _, l := range lines {
 		v := fmt.Sprintf("%.0f", l.Value)
 		if l.Unit == "seconds" {
-			v = (time.Duration(l.Value) * time.Second).String()
+			v = statusAge(l.Value)
 		} else if int64(l.Value) == int64(s.CountCap) {
 			v += "+" // a capped count: at least this many
 		}
@@ -173,7 +226,7 @@ func renderStatus(w io.Writer, s gauge.Snapshot, lines []StatusLine) error {
 		if next != "" && l.Runbook != "" {
 			next += "   [RUNBOOK.md: " + l.Runbook + "]"
 		}
-		if l.Next != "" {
+		if l.Attention {
 			attention++
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", l.Figure, v, next)
@@ -185,4 +238,13 @@ func renderStatus(w io.Writer, s gauge.Snapshot, lines []StatusLine) error {
 		fmt.Fprintln(w, "\nnothing needs a person")
 	}
 	return nil
+}
+
+// statusAge shows an age in seconds to the second ("1h2m3s"), and "-" for
+// none (an age of 0 means no such item).
+func statusAge(seconds float64) string {
+	if seconds <= 0 {
+		return "-"
+	}
+	return time.Duration(math.Round(seconds) * float64(time.Second)).String()
 }

@@ -66,6 +66,8 @@ func TestDashboardShowsEveryFigure(t *testing.T) {
 		"aurora_db_reconciliation_open_items", "aurora_db_reconciliation_oldest_open_age_seconds",
 		"aurora_relay_published_total", `aurora_deliverer_outcomes_total{outcome="accepted"}`, "aurora_outbox_items_confirmed",
 		"aurora_deliverer_provider_seconds_bucket", "aurora_inbox_webhooks_total", `up{job=`,
+		"aurora_db_events_dead_letters", "aurora_db_events_consumer_dead_letters", "aurora_db_events_consumer_lag_seconds",
+		"aurora_db_events_undispatched_oldest_age_seconds", "aurora_events_published_total", "aurora_events_consumer_processed_total",
 	} {
 		if !strings.Contains(all.String(), m) {
 			t.Errorf("no dashboard panel queries %s", m)

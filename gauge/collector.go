@@ -21,6 +21,10 @@ const (
 	MetricInboxOldestPending  = "aurora_db_inbox_oldest_pending_age_seconds"
 	MetricReconOpen           = "aurora_db_reconciliation_open_items"
 	MetricReconOldest         = "aurora_db_reconciliation_oldest_open_age_seconds"
+	MetricEventsUndispatched  = "aurora_db_events_undispatched_oldest_age_seconds"
+	MetricEventsDeadLetters   = "aurora_db_events_dead_letters"
+	MetricEventsConsumerDead  = "aurora_db_events_consumer_dead_letters"
+	MetricEventsConsumerLag   = "aurora_db_events_consumer_lag_seconds"
 	MetricCountCap            = "aurora_db_count_cap"
 )
 
@@ -49,12 +53,21 @@ var (
 		"Open reconciliation items by kind (read over the aurora_db_count_cap oldest open items).", []string{"kind"}, nil)
 	descReconOldest = prometheus.NewDesc(MetricReconOldest,
 		"Seconds since the oldest open reconciliation item of this kind was first seen; 0 when none.", []string{"kind"}, nil)
+	descEventsUndispatched = prometheus.NewDesc(MetricEventsUndispatched,
+		"Seconds since the oldest domain event not yet on the stream (pending or failed) was published; 0 when none.", nil, nil)
+	descEventsDead = prometheus.NewDesc(MetricEventsDeadLetters,
+		"Domain events in dead_letter (dispatch gave up, or every consumer dead-lettered them), capped at aurora_db_count_cap.", nil, nil)
+	descEventsConsumerDead = prometheus.NewDesc(MetricEventsConsumerDead,
+		"Domain events dead-lettered for this consumer, capped at aurora_db_count_cap.", []string{"consumer"}, nil)
+	descEventsConsumerLag = prometheus.NewDesc(MetricEventsConsumerLag,
+		"Seconds since the oldest dispatched event of this consumer's types it has neither processed nor dead-lettered was dispatched; 0 when none. Grows while the consumer is down.", []string{"consumer"}, nil)
 	descCountCap = prometheus.NewDesc(MetricCountCap,
 		"The most rows one count reads (AURORA_GAUGES_COUNT_CAP): a count equal to it means at least this many.", nil, nil)
 )
 
 var allDescs = []*prometheus.Desc{descBacklogAge, descOutboxItems, descUncertainOldest, descQuarantined, descLastItemID,
-	descInboxPending, descInboxDead, descInboxHighest, descInboxOldest, descReconOpen, descReconOldest, descCountCap}
+	descInboxPending, descInboxDead, descInboxHighest, descInboxOldest, descReconOpen, descReconOldest,
+	descEventsUndispatched, descEventsDead, descEventsConsumerDead, descEventsConsumerLag, descCountCap}
 
 // Collector exports a Reader's Snapshot at scrape time. When the
 // measurement fails it emits an invalid metric instead of any sample, so a
@@ -116,6 +129,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for kind, age := range s.Reconciliation.OldestOpenAgeSecondsByKind {
 		gauge(descReconOldest, age, kind)
+	}
+	gauge(descEventsUndispatched, s.Events.UndispatchedOldestAgeSeconds)
+	gauge(descEventsDead, float64(s.Events.OutboxDeadLetters))
+	for consumer, n := range s.Events.ConsumerDeadLetters {
+		gauge(descEventsConsumerDead, float64(n), consumer)
+	}
+	for consumer, age := range s.Events.ConsumerLagSeconds {
+		gauge(descEventsConsumerLag, age, consumer)
 	}
 	gauge(descCountCap, float64(s.CountCap))
 }

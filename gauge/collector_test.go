@@ -68,6 +68,24 @@ aurora_db_outbox_items{state="uncertain"} 1
 	if min := 3 + 4 + 1 + 9 + 1 + 1 + 1 + 1 + 1 + 11 + 11 + 1; n < min {
 		t.Errorf("%d samples, want at least %d", n, min)
 	}
+	for _, m := range []string{gauge.MetricEventsUndispatched, gauge.MetricEventsDeadLetters} {
+		if got, err := testutil.GatherAndCount(reg, m); err != nil || got != 1 {
+			t.Errorf("%s has %d samples (%v), want 1", m, got, err)
+		}
+	}
+	insertDomainEvents(t, pool, map[string][]string{"ledger": {"InvoicePaid.v1"}},
+		domainEvent{eventType: "InvoicePaid.v1", status: "dispatched", created: time.Minute, dispatched: time.Minute})
+	wantEvents := `
+# HELP aurora_db_events_consumer_dead_letters Domain events dead-lettered for this consumer, capped at aurora_db_count_cap.
+# TYPE aurora_db_events_consumer_dead_letters gauge
+aurora_db_events_consumer_dead_letters{consumer="ledger"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(wantEvents), gauge.MetricEventsConsumerDead); err != nil {
+		t.Error(err)
+	}
+	if got, err := testutil.GatherAndCount(reg, gauge.MetricEventsConsumerLag); err != nil || got != 1 {
+		t.Errorf("%s has %d samples (%v), want one per registered consumer", gauge.MetricEventsConsumerLag, got, err)
+	}
 	got, err := testutil.GatherAndCount(reg, gauge.MetricQuarantined)
 	if err != nil || got != len(outbox.Reasons)+1 {
 		t.Errorf("%s has %d samples (%v), want one per reason + other = %d", gauge.MetricQuarantined, got, err, len(outbox.Reasons)+1)

@@ -3,7 +3,8 @@
 // uncertain items (count and oldest), its quarantined items by reason, the
 // webhook inbox's pending events, dead letters by reason, highest attempt
 // count and oldest pending age, and the open reconciliation items by kind
-// with the oldest one's age. Read returns them as one Snapshot; Collector
+// with the oldest one's age, and the domain events' dispatch backlog, dead
+// letters and each consumer's dead letters and catch-up lag. Read returns them as one Snapshot; Collector
 // exports a Snapshot as Prometheus gauges; `auroractl status` prints one.
 //
 // Rules it keeps:

@@ -175,3 +175,61 @@ func insertFindings(t *testing.T, pool *pgxpool.Pool, fs ...finding) {
 		}
 	}
 }
+
+// domainEvent is one event_outbox row as a fixture, with the consumers'
+// inbox rows for it.
+type domainEvent struct {
+	eventType  string
+	status     string        // event_outbox.status
+	created    time.Duration // created_at = testNow - created
+	dispatched time.Duration // dispatched_at = testNow - dispatched (dispatched, acknowledged)
+	processed  []string      // consumers with a processed inbox row
+	dead       []string      // consumers that dead-lettered it
+}
+
+// insertDomainEvents registers consumers (name → types) and writes events
+// with their inbox rows straight into the tables (the gauges read rows;
+// how rows got there is shared/events' tests).
+func insertDomainEvents(t *testing.T, pool *pgxpool.Pool, consumers map[string][]string, events ...domainEvent) {
+	t.Helper()
+	ctx := context.Background()
+	for name, types := range consumers {
+		if _, err := pool.Exec(ctx, `INSERT INTO event_consumers (consumer, event_types) VALUES ($1, $2)`, name, types); err != nil {
+			t.Fatalf("register %s: %v", name, err)
+		}
+	}
+	for _, e := range events {
+		itemSeq++
+		var dispatched, acked, dead *time.Time
+		if e.status == "dispatched" || e.status == "acknowledged" {
+			d := testNow.Add(-e.dispatched)
+			dispatched = &d
+		}
+		if e.status == "acknowledged" {
+			acked = &testNow
+		}
+		if e.status == "dead_letter" {
+			dead = &testNow
+		}
+		var id string
+		err := pool.QueryRow(ctx, `
+			INSERT INTO event_outbox (event_type, aggregate_id, payload, status, created_at, dispatched_at, acknowledged_at, dead_lettered_at)
+			VALUES ($1, $2, '{}', $3, $4, $5, $6, $7) RETURNING event_id::text`,
+			e.eventType, fmt.Sprintf("agg%d", itemSeq), e.status, testNow.Add(-e.created), dispatched, acked, dead).Scan(&id)
+		if err != nil {
+			t.Fatalf("insert %+v: %v", e, err)
+		}
+		for _, c := range e.processed {
+			if _, err := pool.Exec(ctx, `INSERT INTO event_inbox (consumer, event_id, status, processed_at) VALUES ($1, $2, 'processed', $3)`,
+				c, id, testNow); err != nil {
+				t.Fatalf("inbox %s: %v", c, err)
+			}
+		}
+		for _, c := range e.dead {
+			if _, err := pool.Exec(ctx, `INSERT INTO event_inbox (consumer, event_id, status, attempts, dead_lettered_at, dead_letter_reason)
+				VALUES ($1, $2, 'failed', 5, $3, 'handler_failed')`, c, id, testNow); err != nil {
+				t.Fatalf("inbox dead %s: %v", c, err)
+			}
+		}
+	}
+}

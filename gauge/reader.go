@@ -97,6 +97,8 @@ func (r *Reader) Read(ctx context.Context) (Snapshot, error) {
 		{"inbox", r.inboxFigures},
 		{"inbox dead letters", r.inboxDeadLetters},
 		{"reconciliation items", r.reconciliation},
+		{"domain events", r.eventFigures},
+		{"domain event consumers", r.eventConsumers},
 	}
 	for _, st := range steps {
 		if err := st.fn(ctx, tx, &s); err != nil {
@@ -307,5 +309,67 @@ func (r *Reader) reconciliation(ctx context.Context, tx pgx.Tx, s *Snapshot) err
 		return err
 	}
 	s.Reconciliation = Reconciliation{OpenByKind: open, OldestOpenAgeSecondsByKind: oldest}
+	return nil
+}
+
+// eventParams are the parameters of sqlEvents and sqlEventConsumers.
+type eventParams struct {
+	Now *time.Time
+	Cap int
+}
+
+// sqlEvents: the undispatched rows are the partial index event_outbox_due
+// (pending, failed); dead letters the partial index event_outbox_dead
+// (migration 00303). Both near empty when healthy.
+const sqlEvents = `
+SELECT greatest(0, coalesce(extract(epoch FROM coalesce(@now::timestamptz, now()) -
+           (SELECT min(created_at) FROM (SELECT created_at FROM event_outbox
+                                          WHERE status IN ('pending', 'failed') LIMIT @cap) u)), 0))::float8,
+       (SELECT count(*) FROM (SELECT 1 FROM event_outbox WHERE status = 'dead_letter' LIMIT @cap) d)`
+
+func (r *Reader) eventFigures(ctx context.Context, tx pgx.Tx, s *Snapshot) error {
+	p := eventParams{Now: r.clk.Override(), Cap: r.cfg.CountCap}
+	return tx.QueryRow(ctx, sqlEvents, pgx.NamedArgs{"now": p.Now, "cap": p.Cap}).Scan(
+		&s.Events.UndispatchedOldestAgeSeconds, &s.Events.OutboxDeadLetters)
+}
+
+// sqlEventConsumers, one row per registered consumer (a handful): its dead
+// letters (partial index event_inbox_dead, capped) and its catch-up lag, the
+// rule of the consumer's own catch-up loop (shared/events: dispatched events
+// of its types it has neither processed nor dead-lettered) over the @cap
+// oldest dispatched events of its types (index event_outbox_dispatched).
+const sqlEventConsumers = `
+SELECT c.consumer,
+       (SELECT count(*) FROM (SELECT 1 FROM event_inbox i
+                               WHERE i.consumer = c.consumer AND i.dead_lettered_at IS NOT NULL LIMIT @cap) d),
+       greatest(0, coalesce(extract(epoch FROM coalesce(@now::timestamptz, now()) - (
+           SELECT min(o.dispatched_at)
+             FROM (SELECT event_id, dispatched_at FROM event_outbox
+                    WHERE status = 'dispatched' AND event_type = ANY (c.event_types)
+                    ORDER BY dispatched_at LIMIT @cap) o
+            WHERE NOT EXISTS (SELECT 1 FROM event_inbox i
+                               WHERE i.consumer = c.consumer AND i.event_id = o.event_id
+                                 AND (i.status = 'processed' OR i.dead_lettered_at IS NOT NULL)))), 0))::float8
+  FROM event_consumers c`
+
+func (r *Reader) eventConsumers(ctx context.Context, tx pgx.Tx, s *Snapshot) error {
+	p := eventParams{Now: r.clk.Override(), Cap: r.cfg.CountCap}
+	rows, err := tx.Query(ctx, sqlEventConsumers, pgx.NamedArgs{"now": p.Now, "cap": p.Cap})
+	if err != nil {
+		return err
+	}
+	dead, lag := map[string]int64{}, map[string]float64{}
+	var (
+		consumer string
+		n        int64
+		age      float64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&consumer, &n, &age}, func() error {
+		dead[consumer], lag[consumer] = n, age
+		return nil
+	}); err != nil {
+		return err
+	}
+	s.Events.ConsumerDeadLetters, s.Events.ConsumerLagSeconds = dead, lag
 	return nil
 }

@@ -221,3 +221,63 @@ func TestConfigValidateNamesTheVariable(t *testing.T) {
 		t.Errorf("env defaults = %+v (%v), want DefaultConfig %+v", loaded, err, gauge.DefaultConfig())
 	}
 }
+
+// Domain events: the dispatch backlog, dead letters (the outbox's and each
+// consumer's) and each consumer's catch-up lag, by the consumer's own rule
+// (dispatched, of its types, neither processed nor dead-lettered by it).
+func TestReadMeasuresDomainEvents(t *testing.T) {
+	pool := dbtest.New(t)
+	r, err := gauge.NewReader(pool, gauge.DefaultConfig(), gauge.WithClock(clock.NewManual(testNow)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	insertDomainEvents(t, pool,
+		map[string][]string{
+			"ledger":  {"InvoicePaid.v1"},
+			"mailer":  {"InvoicePaid.v1", "SubscriptionChanged.v1"},
+			"idle":    {"EntitlementChanged.v1"},
+			"stopped": {"SubscriptionChanged.v1"},
+		},
+		domainEvent{eventType: "InvoicePaid.v1", status: "pending", created: 40 * time.Second},
+		domainEvent{eventType: "InvoicePaid.v1", status: "failed", created: 70 * time.Second},
+		domainEvent{eventType: "InvoicePaid.v1", status: "dead_letter", created: time.Hour},
+		domainEvent{eventType: "InvoicePaid.v1", status: "acknowledged", created: 3 * time.Hour, dispatched: 3 * time.Hour,
+			processed: []string{"ledger", "mailer"}}, // terminal: lag of nobody
+		// ledger processed it, mailer did not: mailer lags 20 min
+		domainEvent{eventType: "InvoicePaid.v1", status: "dispatched", created: 21 * time.Minute, dispatched: 20 * time.Minute,
+			processed: []string{"ledger"}},
+		// ledger dead-lettered this one (past it: no lag, one dead letter); mailer processed it
+		domainEvent{eventType: "InvoicePaid.v1", status: "dispatched", created: 50 * time.Minute, dispatched: 45 * time.Minute,
+			processed: []string{"mailer"}, dead: []string{"ledger"}},
+		// nobody processed it yet: stopped lags 2 h, mailer too (older than its 20 min)
+		domainEvent{eventType: "SubscriptionChanged.v1", status: "dispatched", created: 2 * time.Hour, dispatched: 2 * time.Hour},
+	)
+	s, err := r.Read(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"undispatched oldest", s.Events.UndispatchedOldestAgeSeconds, 70},
+		{"outbox dead letters", float64(s.Events.OutboxDeadLetters), 1},
+		{"ledger dead letters", float64(s.Events.ConsumerDeadLetters["ledger"]), 1},
+		{"mailer dead letters", float64(s.Events.ConsumerDeadLetters["mailer"]), 0},
+		{"consumer dead letters total", float64(s.Events.ConsumerDeadLetterTotal()), 1},
+		{"ledger lag", s.Events.ConsumerLagSeconds["ledger"], 0},
+		{"mailer lag", s.Events.ConsumerLagSeconds["mailer"], 2 * 3600},
+		{"stopped lag", s.Events.ConsumerLagSeconds["stopped"], 2 * 3600},
+		{"idle lag", s.Events.ConsumerLagSeconds["idle"], 0},
+		{"max lag", s.Events.MaxConsumerLagSeconds(), 2 * 3600},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	for _, name := range []string{"ledger", "mailer", "idle", "stopped"} {
+		if _, ok := s.Events.ConsumerLagSeconds[name]; !ok {
+			t.Errorf("consumer %s has no lag figure (every registered consumer must have one)", name)
+		}
+	}
+}

@@ -18,6 +18,7 @@ type Snapshot struct {
 	Outbox         Outbox         `json:"outbox"`
 	Inbox          Inbox          `json:"inbox"`
 	Reconciliation Reconciliation `json:"reconciliation"`
+	Events         Events         `json:"events"`
 }
 
 // BacklogStates are the states something automatic still moves an item
@@ -115,6 +116,49 @@ func (r Reconciliation) OpenTotal() int64 {
 func (r Reconciliation) OldestOpenAgeSeconds() float64 {
 	var m float64
 	for _, v := range r.OldestOpenAgeSecondsByKind {
+		m = max(m, v)
+	}
+	return m
+}
+
+// Events is the domain events' figures (seed 004): the producer outbox's
+// dispatch backlog and dead letters, and each registered consumer's dead
+// letters and catch-up lag. Measured from Postgres, so a consumer that is
+// down still shows its lag growing (its own in-process
+// aurora_events_consumer_catch_up_lag_seconds stops with it).
+type Events struct {
+	// UndispatchedOldestAgeSeconds: seconds since the oldest event still
+	// pending or failed (not yet on the stream, not dead-lettered) was
+	// published by its producer, over at most CountCap of them; 0 when none.
+	UndispatchedOldestAgeSeconds float64 `json:"undispatched_oldest_age_seconds"`
+	// OutboxDeadLetters: events the dispatcher gave up on, or whose every
+	// consumer dead-lettered them (event_outbox.status = dead_letter), capped.
+	OutboxDeadLetters int64 `json:"outbox_dead_letters"`
+	// ConsumerDeadLetters, for every registered consumer (0 when none):
+	// events dead-lettered for that consumer, capped.
+	ConsumerDeadLetters map[string]int64 `json:"consumer_dead_letters"`
+	// ConsumerLagSeconds, for every registered consumer: seconds since the
+	// oldest dispatched event of its types that it has neither processed nor
+	// dead-lettered was dispatched; 0 when none. Read over the CountCap
+	// oldest dispatched events of its types, so a consumer that processed all
+	// of those but not a younger one reads 0 until the older ones are
+	// acknowledged (a lower bound, never a false alarm).
+	ConsumerLagSeconds map[string]float64 `json:"consumer_lag_seconds"`
+}
+
+// ConsumerDeadLetterTotal is the sum of Events.ConsumerDeadLetters.
+func (e Events) ConsumerDeadLetterTotal() int64 {
+	var n int64
+	for _, v := range e.ConsumerDeadLetters {
+		n += v
+	}
+	return n
+}
+
+// MaxConsumerLagSeconds is the largest of Events.ConsumerLagSeconds.
+func (e Events) MaxConsumerLagSeconds() float64 {
+	var m float64
+	for _, v := range e.ConsumerLagSeconds {
 		m = max(m, v)
 	}
 	return m

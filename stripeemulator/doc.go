@@ -36,6 +36,9 @@
 // instead of 200 now and an asynchronous report (Config.AsyncValidation
 // restores Stripe's way); summaries are immediately consistent.
 //
+// The v2 meter event session and stream endpoints are served too
+// (stream.go), sharing the identifiers, the dedupe and the oracle.
+//
 // Faults (latency, 429, 500 saved or not, drop or cut after apply, timeout)
 // are injected deterministically from a seed, and scripted answers can be
 // queued per identifier; see Faults, ParseFaults, Emulator.Script and
