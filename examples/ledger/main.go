@@ -74,19 +74,21 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ledger:", err)
 		return 2
 	}
+	log.Info("ledger: chart of accounts", "debit", chart.Debit, "credit", chart.Credit)
 	var cfg Config
 	if err := config.Load(&cfg); err != nil {
 		fmt.Fprintln(stderr, "ledger:", err)
 		return 2
 	}
-	if err := consume(ctx, cfg, *consumer, l, log); err != nil {
+	if err := consume(ctx, cfg, *consumer, l.Handle, log); err != nil {
 		fmt.Fprintln(stderr, "ledger:", err)
 		return 1
 	}
 	return 0
 }
 
-func consume(ctx context.Context, cfg Config, consumer string, l *Ledger, log *slog.Logger) error {
+// consume runs handler as consumer of InvoicePaid.v1 until ctx ends.
+func consume(ctx context.Context, cfg Config, consumer string, handler events.Handler, log *slog.Logger) error {
 	pool, err := pgxpool.New(ctx, cfg.Database.SessionURL())
 	if err != nil {
 		return fmt.Errorf("database: %w", err)
@@ -109,6 +111,6 @@ func consume(ctx context.Context, cfg Config, consumer string, l *Ledger, log *s
 	if err != nil {
 		return err
 	}
-	log.Info("ledger: consuming", "consumer", consumer, "type", inbox.EventInvoicePaid, "debit", l.chart.Debit, "credit", l.chart.Credit)
-	return c.Consume(ctx, consumer, []string{inbox.EventInvoicePaid}, l.Handle)
+	log.Info("ledger: consuming", "consumer", consumer, "type", inbox.EventInvoicePaid)
+	return c.Consume(ctx, consumer, []string{inbox.EventInvoicePaid}, handler)
 }
