@@ -734,6 +734,9 @@ ON CONFLICT (tenant) DO UPDATE SET
     billing_status = EXCLUDED.billing_status, grace_until = EXCLUDED.grace_until, updated_at = EXCLUDED.updated_at`,
 			a.Tenant, a.customer, billing, grace, at)
 	}
+	if err := announceResolution(b, plan, marker); err != nil {
+		return err
+	}
 	b.Queue(`
 UPDATE billing_events SET processed_at = $2, outcome = $3, dead_letter_at = NULL, last_error = NULL
  WHERE event_id = ANY($1) AND processed_at IS NULL`, a.eventIDs(), at, string(OutcomeResolved))
@@ -743,4 +746,58 @@ INSERT INTO billing_ambiguity_resolutions (ambiguity_id, operator, reason, sourc
 VALUES ($1, $2, $3, 'provider', $4::jsonb, $5::jsonb, $6, $7)`,
 		a.ID, in.Operator, in.Reason, mustJSON(plan.state), mustJSON(plan.Would), plan.FetchedAt, at)
 	return tx.SendBatch(ctx, b).Close()
+}
+
+// announceResolution queues the domain events of a resolution in its
+// batch (announce.go), as the worker would for the same change: the
+// subscription or invoice outcomes Stripe's state sets and, when it moves,
+// EntitlementChanged.v1. Their stripe_event_id is marker
+// (ambiguity_resolution:<id>: the state came from no single Stripe event)
+// and stripe_event_created the ambiguity's second.
+func announceResolution(b *pgx.Batch, plan ResolutionPlan, marker string) error {
+	a, w, held, would := plan.Ambiguity, plan.writes, plan.Ambiguity.Held, plan.Would
+	p := &projector{writes: b}
+	if w.sub != nil {
+		changed := SubscriptionChanged{Tenant: a.Tenant, SubscriptionID: w.sub.ID, Status: w.sub.Status, Plan: w.plan,
+			CurrentPeriodEnd: w.sub.CurrentPeriodEnd, CancelAtPeriodEnd: w.sub.CancelAtPeriodEnd, StripeEventID: marker, StripeEventCreated: a.EventSecond}
+		if held.Subscription != nil {
+			st := held.Subscription.Status
+			changed.PreviousStatus, changed.PreviousPlan = &st, held.Subscription.Plan
+		}
+		if err := p.announce(EventSubscriptionChanged, w.sub.ID, changed, marker); err != nil {
+			return err
+		}
+		he, we := held.Entitlement, would.Entitlement
+		if !strPtrEqual(he.SubscriptionID, we.SubscriptionID) || !strPtrEqual(he.SubscriptionStatus, we.SubscriptionStatus) || !strPtrEqual(he.Plan, we.Plan) {
+			if err := p.announce(EventEntitlementChanged, a.Tenant, EntitlementChanged{Tenant: a.Tenant, Cause: "subscription",
+				SubscriptionID: w.sub.ID, SubscriptionStatus: w.sub.Status, Plan: we.Plan, PreviousPlan: he.Plan,
+				StripeEventID: marker, StripeEventCreated: a.EventSecond}, marker); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, inv := range w.invoices {
+		announced := InvoiceOutcome{Tenant: a.Tenant, InvoiceID: inv.id, SubscriptionID: inv.subscription,
+			StripeEventID: marker, StripeEventCreated: a.EventSecond}
+		var err error
+		if inv.outcome == invoicePaid {
+			err = p.announce(EventInvoicePaid, inv.id, announced, inv.id) // once per invoice, as the worker does
+		} else {
+			if w.status != nil {
+				announced.GraceUntil = would.Entitlement.GraceUntil
+			}
+			err = p.announce(EventInvoicePaymentFailed, inv.id, announced, marker, inv.id)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	he, we := held.Entitlement, would.Entitlement
+	if w.status != nil && (he.BillingStatus != we.BillingStatus || !sameTime(he.GraceUntil, we.GraceUntil)) {
+		return p.announce(EventEntitlementChanged, a.Tenant, EntitlementChanged{Tenant: a.Tenant, Cause: "invoice",
+			BillingStatus: we.BillingStatus, PreviousBillingStatus: he.BillingStatus, GraceUntil: we.GraceUntil,
+			StripeEventID: marker, StripeEventCreated: a.EventSecond}, marker)
+	}
+	return nil
 }

@@ -118,6 +118,15 @@ func TestResolveSubscriptionFromProvider(t *testing.T) {
 			                    AND projection->'subscription'->>'status' = $1`, tc.status); n != 1 {
 				t.Fatal("the audit row is missing or incomplete")
 			}
+			if n := e.count(`SELECT count(*) FROM event_outbox WHERE event_type = 'EntitlementChanged.v1'
+			                    AND payload->>'stripe_event_id' LIKE 'ambiguity_resolution:%' AND payload->>'subscription_status' = $1
+			                    AND coalesce(payload->>'plan', '') = $2 AND payload->>'previous_plan' = 'basic'`, tc.status, tc.want.plan); n != 1 {
+				t.Fatal("EntitlementChanged.v1 of the resolution missing")
+			}
+			if n := e.count(`SELECT count(*) FROM event_outbox WHERE event_type = 'SubscriptionChanged.v1' AND payload->>'stripe_event_id' LIKE 'ambiguity_resolution:%'
+			                    AND payload->>'status' = $1 AND payload->>'previous_status' = 'active'`, tc.status); n != 1 {
+				t.Fatal("SubscriptionChanged.v1 of the resolution missing")
+			}
 			if _, err := ApplyResolution(ctx, e.pool, p, e.clk, ResolveInput{EventID: "evt_b", Operator: "op", Reason: "again"}); !errors.Is(err, ErrAmbiguityResolved) {
 				t.Fatalf("second resolution: %v", err)
 			}
@@ -183,6 +192,11 @@ func TestResolveInvoicesFromProvider(t *testing.T) {
 			if billing != tc.billing || (grace != nil) != wantGrace ||
 				(wantGrace && !grace.Equal(time.Unix(pairSecond, 0).Add(GracePeriod))) {
 				t.Fatalf("billing %s grace %v", billing, grace)
+			}
+			if n := e.count(`SELECT count(*) FROM event_outbox WHERE event_type = 'EntitlementChanged.v1'
+			                    AND payload->>'stripe_event_id' LIKE 'ambiguity_resolution:%' AND payload->>'billing_status' = $1
+			                    AND payload->>'previous_billing_status' = 'none'`, tc.billing); n != 1 {
+				t.Fatal("EntitlementChanged.v1 of the resolution missing")
 			}
 			if n := e.count(`SELECT count(*) FROM billing_events WHERE outcome = 'resolved'`); n != 2 {
 				t.Fatalf("%d events resolved, want 2", n)
