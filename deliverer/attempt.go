@@ -183,7 +183,7 @@ func (d *Deliverer) decide(ctx context.Context, cr claimResult) record {
 // it was sent), not a dead process.
 func (d *Deliverer) call(ctx context.Context, c claimed) (res Result) {
 	req := Request{
-		ItemID: c.ItemID, Key: c.Key, EventName: *c.Ctx.EventName,
+		ItemID: c.ItemID, Account: c.Account, Via: c.Ctx.Exporter, Key: c.Key, EventName: *c.Ctx.EventName,
 		CustomerKey: deref(c.Ctx.CustomerKey, "stripe_customer_id"), ValueKey: deref(c.Ctx.ValueKey, "value"),
 		Customer: *c.Ctx.StripeCustomer, Value: c.Item.Quantity, Timestamp: c.Item.OccurredAt,
 	}

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/aurora-billing/aurora/deliverer"
+	"github.com/aurora-billing/aurora/deliverer/streamexport"
 	"github.com/aurora-billing/aurora/deliverer/stripeexport"
 	"github.com/aurora-billing/aurora/demo/feed"
 	"github.com/aurora-billing/aurora/migrations"
@@ -47,15 +48,21 @@ import (
 
 // Options configure one demo run.
 type Options struct {
-	DatabaseURL  string // server to create the demo database on (AURORA_DATABASE_URL)
-	NATSURL      string // "" = embedded JetStream (AURORA_NATS_URL)
-	StripeKey    string // with StripeBase: send to that Stripe instead of the emulator
-	StripeBase   string
-	Account      string // destination account (AURORA_STRIPE_ACCOUNT)
-	Input        string // access log or JSONL file; "" = the generator
-	RebaseTime   bool   // shift input so the newest timestamp is now
-	Faults       string // emulator faults, e.g. "drop-after-apply=0.1,http500=0.1"
-	Deliverers   int    // deliverer instances (default 2)
+	DatabaseURL string // server to create the demo database on (AURORA_DATABASE_URL)
+	NATSURL     string // "" = embedded JetStream (AURORA_NATS_URL)
+	StripeKey   string // with StripeBase: send to that Stripe instead of the emulator
+	StripeBase  string
+	Account     string // destination account (AURORA_STRIPE_ACCOUNT)
+	Input       string // access log or JSONL file; "" = the generator
+	RebaseTime  bool   // shift input so the newest timestamp is now
+	Faults      string // emulator faults, e.g. "drop-after-apply=0.1,http500=0.1"
+	// Exporter: the destination account's exporter, "v1" (default) or
+	// "stream" (Stripe's v2 meter event stream).
+	Exporter string
+	// SessionTTL: the emulator's v2 session token lifetime (0 = 15 min);
+	// short values make tokens expire mid-run.
+	SessionTTL   time.Duration
+	Deliverers   int // deliverer instances (default 2)
 	Timeout      time.Duration
 	KeepDatabase bool
 	Seed         uint64 // generator and emulator seed
@@ -90,6 +97,9 @@ type Summary struct {
 	Provider                      string           `json:"provider"`
 	Faults                        string           `json:"faults"`
 	ProviderRequests              map[string]int   `json:"provider_requests"`
+	Exporter                      string           `json:"exporter"`                  // v1 or stream
+	StreamEvents                  int              `json:"stream_events,omitempty"`   // events in stream requests the emulator processed (resends included)
+	StreamSessions                int64            `json:"stream_sessions,omitempty"` // v2 sessions our clients created (first, refreshed, after an expired answer)
 	Database                      string           `json:"database"`
 	Drained                       bool             `json:"drained"`
 	ElapsedSeconds                float64          `json:"elapsed_seconds"`
@@ -225,7 +235,7 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 		if err != nil {
 			return nil, err
 		}
-		emu, err = stripeemulator.New(stripeemulator.Config{Faults: faults, Seed: o.Seed})
+		emu, err = stripeemulator.New(stripeemulator.Config{Faults: faults, Seed: o.Seed, SessionTTL: o.SessionTTL})
 		if err != nil {
 			return nil, err
 		}
@@ -247,6 +257,10 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 	api := provision.NewAPI(key, base, nil)
 	mode := stripeexport.KeyMode(key)
 	if err := provision.Account(ctx, pool, o.Account, mode, true); err != nil {
+		return nil, err
+	}
+	sum.Exporter = cmp.Or(o.Exporter, deliverer.ExporterV1)
+	if err := provision.SetExporter(ctx, pool, o.Account, sum.Exporter); err != nil {
 		return nil, err
 	}
 	eventNames := map[string]string{}
@@ -279,9 +293,20 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 		dcfg = *o.Deliverer
 	}
 	dcfg.Outbox = o.Outbox
-	exp, err := stripeexport.New(stripeexport.Config{APIKey: key, APIBase: base}, time.Duration(dcfg.ProviderTimeoutSeconds)*time.Second, dcfg.Concurrency)
+	v1, err := stripeexport.New(stripeexport.Config{APIKey: key, APIBase: base}, time.Duration(dcfg.ProviderTimeoutSeconds)*time.Second, dcfg.Concurrency)
 	if err != nil {
 		return nil, err
+	}
+	// One stream exporter (one session per account) per deliverer process,
+	// as separate processes would have.
+	streams := make([]*streamexport.Exporter, o.Deliverers)
+	for i := range streams {
+		if streams[i], err = streamexport.New(streamexport.Config{Client: streamexport.ClientConfig{APIKey: key, APIBase: base,
+			Timeout: time.Duration(dcfg.ProviderTimeoutSeconds) * time.Second, MaxConns: dcfg.Concurrency,
+			Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"instance": fmt.Sprint(i)}, reg)}}); err != nil {
+			return nil, err
+		}
+		defer streams[i].Close()
 	}
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
@@ -298,6 +323,7 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 	}
 	start("relay", rl.Run)
 	for i := range o.Deliverers {
+		exp := streamexport.Router{V1: v1, Stream: streams[i]}
 		d, err := deliverer.New(pool, js, exp, dcfg, deliverer.WithLogger(log), deliverer.WithRegisterer(prometheus.WrapRegistererWith(prometheus.Labels{"instance": fmt.Sprint(i)}, reg)))
 		if err != nil {
 			return nil, err
@@ -329,6 +355,9 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	sum.Drained = drained
+	for _, s := range streams {
+		sum.StreamSessions += s.Client().Refreshes()
+	}
 
 	// 8. What was committed, against what the provider applied.
 	if err := summarise(ctx, pool, sum); err != nil {
@@ -359,6 +388,7 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 			sum.ProviderAppliedQuantity[f] = total.Num().Int64()
 		}
 		sum.ProviderDuplicateApplications = len(emu.DuplicateApplications())
+		sum.StreamEvents = emu.Stats().StreamEvents
 		for k, v := range emu.Counts() {
 			sum.ProviderRequests[string(k)] = v
 		}

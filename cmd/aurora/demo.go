@@ -80,6 +80,9 @@ and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS
 			if cfg.StripeKey != "" && o.Faults != "" {
 				return usageError{errors.New("--faults applies to the emulator only; unset AURORA_STRIPE_API_KEY to use it")}
 			}
+			if o.Exporter != "v1" && o.Exporter != "stream" {
+				return usageError{errors.New("--exporter must be v1 or stream")}
+			}
 			if _, err := stripeemulator.ParseFaults(o.Faults); err != nil {
 				return usageError{fmt.Errorf("--faults: %w", err)}
 			}
@@ -157,6 +160,8 @@ and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS
 	f.StringVar(&o.Input, "input", "", "usage input: an Apache/nginx access log or JSONL file (default: the built-in generator)")
 	f.BoolVar(&o.RebaseTime, "rebase-time", false, "shift input timestamps so the newest lands at now")
 	f.BoolVar(&asJSON, "json", false, "print the summary as JSON (a stable contract)")
+	f.StringVar(&o.Exporter, "exporter", "v1", "the demo account's exporter: v1 (one meter event call per item) or stream (Stripe's v2 meter event stream, batches of up to 100)")
+	f.DurationVar(&o.SessionTTL, "emulator-session-ttl", 0, "the emulator's v2 session token lifetime (0 = 15m); short values expire tokens mid-run")
 	f.StringVar(&o.Faults, "faults", "", "emulator faults, e.g. drop-after-apply=0.1,http500=0.1,http429=0.1,latency=20ms")
 	f.IntVar(&o.Deliverers, "deliverers", 2, "deliverer instances (1..32)")
 	f.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "give up waiting for the pipeline to drain after this long")
