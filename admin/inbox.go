@@ -24,7 +24,8 @@ func newInboxCmd() *cobra.Command {
 		Short: "Inspect the Stripe webhook inbox and requeue single dead letters (seed 003)",
 	}
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print JSON on stdout")
-	cmd.AddCommand(newInboxInventoryCmd(&asJSON), newInboxListCmd(&asJSON), newInboxInspectCmd(&asJSON), newInboxRequeueCmd(&asJSON))
+	cmd.AddCommand(newInboxInventoryCmd(&asJSON), newInboxListCmd(&asJSON), newInboxInspectCmd(&asJSON), newInboxRequeueCmd(&asJSON),
+		newInboxPlansCmd(&asJSON))
 	return cmd
 }
 
