@@ -28,8 +28,12 @@ const testKey = "sk_test_stream_1234"
 func req(i int) deliverer.Request {
 	return deliverer.Request{ItemID: int64(i), Account: "acct_1", Via: deliverer.ExporterStream, Key: fmt.Sprintf("%064d", i),
 		EventName: "api_calls", CustomerKey: "stripe_customer_id", ValueKey: "value", Customer: "cus_A", Value: int64(i % 7),
-		Timestamp: time.Now().Add(-time.Minute).Truncate(time.Second)}
+		Timestamp: reqTime}
 }
+
+// reqTime is every test request's timestamp: fixed, so req(i) is a pure
+// function of i.
+var reqTime = time.Now().Add(-time.Minute).Truncate(time.Second)
 
 // canned serves the session endpoint and answers the stream with h.
 func canned(t *testing.T, h func(w http.ResponseWriter, r *http.Request, evs []Event)) *httptest.Server {
