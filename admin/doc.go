@@ -1,6 +1,6 @@
 // Package admin is auroractl, the operator CLI: migrations, the idempotency
-// key, recovery of uncertain and quarantined items, cutover and the inbox's
-// dead letters.
+// key, recovery of uncertain and quarantined items, cutover, the inbox's
+// dead letters and the domain events' (auroractl events).
 //
 // Every write command is read-only unless --yes is given; without it, it
 // prints the row, the change it would make and the expected-state map it

@@ -92,6 +92,7 @@ func NewRootCmd(streams IO) *cobra.Command {
 		newProvisionCmd(),
 		// subcommands: add one line each, below this marker
 		newCutoverCmd(),
+		newEventsCmd(),
 		newInboxCmd(),
 		newRecoveryCmd(),
 		newStatusCmd(),

@@ -158,36 +158,45 @@ func pinnedID(info *jetstream.ConsumerInfo) string {
 }
 
 // attach keeps partition p consumed until ctx ends: it creates or updates
-// the consumer, starts a consume loop, and every attach check asks
-// JetStream whether the consumer still exists with this configuration. A
-// consumer deleted (nats consumer rm, a stream recreated after its store was
-// lost) or re-filtered stops the loop; the consumer is created again and a
-// new loop started. Readiness (Ready) counts the loops running. A stream
-// recreated for another outbox database is not consumed: the loop stays
-// down, logged, until it is fixed.
+// the consumer, starts a consume loop, and watches it. The loop is
+// restarted when it ends by itself (JetStream told the client its consumer
+// was deleted: nats consumer rm, a stream recreated after its store was
+// lost) and when an attach check finds the consumer gone, recreated by
+// someone else or re-filtered; the consumer is then created again and a
+// new loop started at once, or after a growing pause (100 ms doubling to
+// 5 s) when the previous loop lived less than loopSteady. Readiness (Ready)
+// and aurora_deliverer_consume_loop_running count the loops running. A
+// stream recreated for another outbox database is not consumed: the loop
+// stays down, logged, until it is fixed.
 func (d *Deliverer) attach(ctx, work context.Context, p *partition) {
 	wait := 100 * time.Millisecond
+	pause := func() bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+		return true
+	}
 	for ctx.Err() == nil {
-		cc, cons, err := d.startConsume(ctx, work, p)
+		l, err := d.startConsume(ctx, work, p)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			d.m.errors.WithLabelValues("attach").Inc()
 			d.log.Warn("deliverer: partition not attached, retrying", "consumer", d.ConsumerName(p.n), "err", err, "retry_in", wait)
-			select {
-			case <-ctx.Done():
+			if !pause() {
 				return
-			case <-time.After(wait):
 			}
-			wait = min(2*wait, 5*time.Second)
 			continue
 		}
-		wait = 100 * time.Millisecond
+		started := time.Now()
 		d.attached.Add(1)
 		d.m.attached.Inc()
-		why := d.watch(ctx, cons, p)
-		cc.Stop()
+		why := d.watch(ctx, l, p)
+		l.cc.Stop()
 		d.attached.Add(-1)
 		d.m.attached.Dec()
 		d.setOwned(p, false)
@@ -196,49 +205,92 @@ func (d *Deliverer) attach(ctx, work context.Context, p *partition) {
 		}
 		d.m.errors.WithLabelValues("reattach").Inc()
 		d.log.Warn("deliverer: consume loop stopped; re-attaching", "consumer", d.ConsumerName(p.n), "why", why)
+		if time.Since(started) >= loopSteady {
+			wait = 100 * time.Millisecond
+		} else if !pause() { // a loop that keeps ending: do not hammer JetStream
+			return
+		}
+		if d.beforeReattach != nil {
+			d.beforeReattach(ctx, p.n)
+		}
 	}
+}
+
+// loopSteady is how long a consume loop must have run for its end to be
+// re-attached at once rather than after attach's growing pause.
+const loopSteady = 10 * time.Second
+
+// loop is one running consume loop of a partition consumer.
+type loop struct {
+	cc   jetstream.ConsumeContext
+	cons jetstream.Consumer
+
+	mu      sync.Mutex
+	lastErr error // the last error the consume loop reported
+}
+
+func (l *loop) setErr(err error) {
+	l.mu.Lock()
+	l.lastErr = err
+	l.mu.Unlock()
+}
+
+func (l *loop) err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lastErr
 }
 
 // startConsume checks the stream's database, creates or updates partition
 // p's consumer and starts its consume loop.
-func (d *Deliverer) startConsume(ctx, work context.Context, p *partition) (jetstream.ConsumeContext, jetstream.Consumer, error) {
+func (d *Deliverer) startConsume(ctx, work context.Context, p *partition) (*loop, error) {
 	if _, err := d.streamPartitions(ctx); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	cons, err := d.js.CreateOrUpdateConsumer(cctx, outbox.StreamName, d.ConsumerConfig(p.n))
 	cancel()
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	cc, err := cons.Consume(func(msg jetstream.Msg) { d.onMessage(work, p, msg) },
+	l := &loop{cons: cons}
+	l.cc, err = cons.Consume(func(msg jetstream.Msg) { d.onMessage(work, p, msg) },
 		jetstream.PullPriorityGroup(PriorityGroup),
 		jetstream.PullMaxMessages(min(d.s.concurrency, d.s.laneShare)),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			l.setErr(err)
 			d.log.Debug("deliverer: consume", "consumer", d.ConsumerName(p.n), "err", err)
 		}))
 	if err != nil {
-		return nil, nil, fmt.Errorf("deliverer: consume %s: %w", d.ConsumerName(p.n), err)
+		return nil, fmt.Errorf("deliverer: consume %s: %w", d.ConsumerName(p.n), err)
 	}
-	return cc, cons, nil
+	return l, nil
 }
 
-// watch returns why partition p's consume loop must be restarted, checking
-// every attach check, or "" when ctx ends. It also tracks whether this
+// watch returns why partition p's consume loop must be restarted, or ""
+// when ctx ends: the loop ended by itself (the client stops it when
+// JetStream answers that the consumer was deleted, or on a bad request or
+// a closed connection), or an attach check (every d.s.attachCheck) found
+// the consumer deleted, recreated or changed. It also tracks whether this
 // process owns the partition (JetStream pinned it to us).
-func (d *Deliverer) watch(ctx context.Context, cons jetstream.Consumer, p *partition) string {
+func (d *Deliverer) watch(ctx context.Context, l *loop, p *partition) string {
 	want := d.ConsumerConfig(p.n)
-	created := cons.CachedInfo().Created
+	created := l.cons.CachedInfo().Created
 	t := time.NewTicker(d.s.attachCheck)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return ""
+		case <-l.cc.Closed():
+			if err := l.err(); err != nil {
+				return "consume loop ended: " + err.Error()
+			}
+			return "consume loop ended"
 		case <-t.C:
 		}
 		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		info, err := cons.Info(ictx)
+		info, err := l.cons.Info(ictx)
 		cancel()
 		switch {
 		case errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):

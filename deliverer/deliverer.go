@@ -58,6 +58,11 @@ type Deliverer struct {
 	foreignAt  atomic.Int64 // unix nanos of the last message of another database
 	parts      []*partition
 	running    atomic.Bool
+
+	// beforeReattach, when set (tests only), runs before a stopped
+	// consume loop of partition p is re-attached; it may block until ctx
+	// ends.
+	beforeReattach func(ctx context.Context, p int)
 }
 
 // New returns a Deliverer over db (a *pgxpool.Pool), js and exp with the
@@ -80,7 +85,7 @@ func New(db DB, js jetstream.JetStream, exp Exporter, cfg Config, opts ...Option
 	if d.reg == nil {
 		d.reg = prometheus.NewRegistry()
 	}
-	m, err := newMetrics(d.reg)
+	m, err := newMetrics(d.reg, d.consuming)
 	if err != nil {
 		return nil, fmt.Errorf("deliverer: metrics: %w", err)
 	}
@@ -99,6 +104,14 @@ func (d *Deliverer) Checks() []ops.Check {
 	return []ops.Check{{Name: "consume", Fn: func(context.Context) error { return d.Ready() }}}
 }
 
+// consuming reports whether Run is consuming and every partition consumer
+// has a running consume loop: aurora_deliverer_consume_loop_running is 1
+// exactly then.
+func (d *Deliverer) consuming() bool {
+	n, a := d.partitions.Load(), d.attached.Load()
+	return d.running.Load() && n > 0 && a >= n
+}
+
 // Ready reports nil when every partition consumer has a running consume
 // loop; otherwise an error saying how many are attached.
 func (d *Deliverer) Ready() error {
@@ -106,7 +119,7 @@ func (d *Deliverer) Ready() error {
 	if !d.running.Load() {
 		return errors.New("deliverer: not consuming (not started or stopped)")
 	}
-	if n == 0 || a < n {
+	if !d.consuming() {
 		return fmt.Errorf("deliverer: %d of %d partition consumers attached", a, n)
 	}
 	if at := d.foreignAt.Load(); at != 0 && time.Since(time.Unix(0, at)) < time.Minute {

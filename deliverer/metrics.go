@@ -14,9 +14,12 @@ type metrics struct {
 	errors      *prometheus.CounterVec   // aurora_deliverer_errors_total{op}
 	attached    prometheus.Gauge         // aurora_deliverer_partitions_attached
 	owned       *prometheus.GaugeVec     // aurora_deliverer_partition_owned{partition}
+	loopRunning prometheus.GaugeFunc     // aurora_deliverer_consume_loop_running
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// newMetrics registers the deliverer's metrics on reg; consuming backs
+// aurora_deliverer_consume_loop_running (read at every scrape).
+func newMetrics(reg prometheus.Registerer, consuming func() bool) (*metrics, error) {
 	m := &metrics{
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aurora_deliverer_outcomes_total",
@@ -51,8 +54,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "aurora_deliverer_partition_owned",
 			Help: "1 for each partition JetStream has pinned to this process (it owns that partition's lanes), as of the last attach check.",
 		}, []string{"partition"}),
+		loopRunning: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "aurora_deliverer_consume_loop_running",
+			Help: "1 while this process consumes: Run is running and every partition consumer has a running consume loop (what /readyz needs); 0 otherwise (not started, a consumer deleted and not yet re-attached, stopped). Alert AuroraDelivererNoConsumeLoop watches it.",
+		}, func() float64 {
+			if consuming() {
+				return 1
+			}
+			return 0
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.outcomes, m.skips, m.staleLeases, m.latency, m.inFlight, m.errors, m.attached, m.owned} {
+	for _, c := range []prometheus.Collector{m.outcomes, m.skips, m.staleLeases, m.latency, m.inFlight, m.errors, m.attached, m.owned, m.loopRunning} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -3,6 +3,7 @@ package deliverer_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
@@ -78,10 +79,16 @@ func TestMustShowTakeOverWhileOldOwnerInCall(t *testing.T) {
 	lease := 30 * time.Second
 	ttl := deliverer.WithPinnedTTL(300 * time.Millisecond)
 	d1 := h.start(testConfig(), deliverer.WithLease(lease), ttl)
+	inCall := make(chan struct{}, 4)
+	h.setGate(func(*http.Request) {
+		select {
+		case inCall <- struct{}{}:
+		default:
+		}
+	})
 	h.publish(row.ID)
-	h.await("first claim", func() bool { return h.get(row.ID).State == outbox.StateLeased })
-	time.Sleep(300 * time.Millisecond) // the call reaches the emulator and waits out its latency there
-	d1.cancel()                        // stops pulling; the call goes on (shutdown timeout 10 s)
+	<-inCall    // the first call reached the emulator and waits out its latency there
+	d1.cancel() // stops pulling; the call goes on (shutdown timeout 10 s)
 
 	h.clk.Advance(lease + time.Second)
 	d2 := h.start(testConfig(), deliverer.WithLease(lease), ttl, deliverer.WithJitter(func() float64 { return 0 }))

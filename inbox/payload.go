@@ -82,6 +82,11 @@ type invoiceObject struct {
 	ID             string
 	Outcome        string // invoicePaid | invoiceFailed
 	SubscriptionID string // "" when the invoice names no source
+	// Amount: amount_paid (paid) or amount_due (failed) in the currency's
+	// minor unit; nil when absent or not a non-negative integer (never a
+	// reason to refuse the event: the projection does not use it).
+	Amount   *int64
+	Currency string // lowercase ISO code; "" when absent or malformed
 }
 
 // envelopeJSON is the part of the envelope read at ingest and by the worker.
@@ -386,6 +391,9 @@ func parseInvoice(ev *event, obj json.RawMessage) error {
 		ID           json.RawMessage `json:"id"`
 		Customer     json.RawMessage `json:"customer"`
 		Subscription json.RawMessage `json:"subscription"`
+		AmountPaid   json.RawMessage `json:"amount_paid"`
+		AmountDue    json.RawMessage `json:"amount_due"`
+		Currency     json.RawMessage `json:"currency"`
 		Parent       *struct {
 			SubscriptionDetails *struct {
 				Subscription json.RawMessage `json:"subscription"`
@@ -425,6 +433,33 @@ func parseInvoice(ev *event, obj json.RawMessage) error {
 		outcome = invoiceFailed
 	}
 	ev.Customer = cus
-	ev.Invoice = &invoiceObject{ID: id, Outcome: outcome, SubscriptionID: src}
+	amount := o.AmountPaid
+	if outcome == invoiceFailed {
+		amount = o.AmountDue
+	}
+	ev.Invoice = &invoiceObject{ID: id, Outcome: outcome, SubscriptionID: src, Amount: minorAmount(amount), Currency: currencyCode(o.Currency)}
 	return nil
+}
+
+// minorAmount reads a non-negative integer amount; nil otherwise.
+func minorAmount(raw json.RawMessage) *int64 {
+	var n int64
+	if len(raw) == 0 || json.Unmarshal(raw, &n) != nil || n < 0 {
+		return nil
+	}
+	return &n
+}
+
+// currencyCode reads a three-letter lowercase currency; "" otherwise.
+func currencyCode(raw json.RawMessage) string {
+	var c string
+	if len(raw) == 0 || json.Unmarshal(raw, &c) != nil || len(c) != 3 {
+		return ""
+	}
+	for i := 0; i < 3; i++ {
+		if c[i] < 'a' || c[i] > 'z' {
+			return ""
+		}
+	}
+	return c
 }

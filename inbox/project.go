@@ -252,6 +252,21 @@ func (p *projector) subscription(ctx context.Context, ev *event) (decision, erro
 	p.queueSubscription(subscriptionWrite{ID: sub.ID, Customer: ev.Customer, Tenant: *tenant, Status: sub.Status, Price: price, Plan: plan,
 		Granted: granted, CurrentPeriodEnd: sub.CurrentPeriodEnd, CancelAtPeriodEnd: sub.CancelAtPeriodEnd,
 		EventID: ev.ID, Created: ev.Created, Prior: prior})
+	changed := SubscriptionChanged{Tenant: *tenant, SubscriptionID: sub.ID, Status: sub.Status, Plan: plan,
+		CurrentPeriodEnd: sub.CurrentPeriodEnd, CancelAtPeriodEnd: sub.CancelAtPeriodEnd, StripeEventID: ev.ID, StripeEventCreated: ev.Created}
+	if prior.Row != nil {
+		changed.PreviousStatus, changed.PreviousPlan = oldStatus, oldPlan
+	}
+	if err := p.announce(EventSubscriptionChanged, sub.ID, changed, ev.ID); err != nil {
+		return decision{}, err
+	}
+	if deref(entSub) != sub.ID || deref(entStatus) != sub.Status || !strPtrEqual(entPlan, granted) {
+		if err := p.announce(EventEntitlementChanged, *tenant, EntitlementChanged{Tenant: *tenant, Cause: "subscription",
+			SubscriptionID: sub.ID, SubscriptionStatus: sub.Status, Plan: granted, PreviousPlan: entPlan,
+			StripeEventID: ev.ID, StripeEventCreated: ev.Created}, ev.ID); err != nil {
+			return decision{}, err
+		}
+	}
 	return processed(OutcomeApplied), nil
 }
 
@@ -382,6 +397,21 @@ func (p *projector) invoice(ctx context.Context, ev *event) (decision, error) {
 		invPrior.Row = &invoiceRow{Outcome: deref(oldOutcome), LastEventID: deref(oldEventID), LastEventCreated: *oldCreated}
 	}
 	p.queueInvoice(inv.ID, ev.Customer, *tenant, inv.SubscriptionID, inv.Outcome, ev.ID, ev.Created, invPrior)
+	announced := InvoiceOutcome{Tenant: *tenant, InvoiceID: inv.ID, SubscriptionID: inv.SubscriptionID, Amount: inv.Amount,
+		Currency: inv.Currency, StripeEventID: ev.ID, StripeEventCreated: ev.Created}
+	if inv.Outcome == invoiceFailed && changeStatus {
+		g := ev.Created.Add(GracePeriod)
+		announced.GraceUntil = &g
+	}
+	var aerr error
+	if inv.Outcome == invoicePaid {
+		aerr = p.announce(EventInvoicePaid, inv.ID, announced, inv.ID) // once per invoice
+	} else {
+		aerr = p.announce(EventInvoicePaymentFailed, inv.ID, announced, ev.ID)
+	}
+	if aerr != nil {
+		return decision{}, aerr
+	}
 	if !changeStatus {
 		return processed(OutcomeStale), nil // recorded; the later status stands
 	}
@@ -393,6 +423,17 @@ func (p *projector) invoice(ctx context.Context, ev *event) (decision, error) {
 		statusPrior.Entitlement.BillingStatus = billingNone
 	}
 	p.queueStatus(ev.Customer, *tenant, inv.Outcome, ev.ID, ev.Created, statusPrior)
+	newBilling := billingCurrent
+	if inv.Outcome == invoiceFailed {
+		newBilling = billingGrace
+	}
+	if newBilling != statusPrior.Entitlement.BillingStatus || announced.GraceUntil != nil {
+		if err := p.announce(EventEntitlementChanged, *tenant, EntitlementChanged{Tenant: *tenant, Cause: "invoice",
+			BillingStatus: newBilling, PreviousBillingStatus: statusPrior.Entitlement.BillingStatus, GraceUntil: announced.GraceUntil,
+			StripeEventID: ev.ID, StripeEventCreated: ev.Created}, ev.ID); err != nil {
+			return decision{}, err
+		}
+	}
 	return processed(OutcomeApplied), nil
 }
 

@@ -1,6 +1,8 @@
 // Package stripeemulator is a local, stateful emulator of the parts of the
 // Stripe API that aurora's export path uses: billing meter events, meter
-// event adjustments (cancel), meter event summaries, meters and customers.
+// event adjustments (cancel), meter event summaries, meters and customers,
+// and subscriptions and invoices in the states a test told it (objects.go:
+// what `auroractl inbox resolve --from-provider` reads as Stripe's truth).
 //
 // It is an http.Handler: run it in-process under net/http/httptest, or as a
 // server with `aurora stripe-emulator`. Requests and answers have Stripe's
@@ -35,6 +37,9 @@
 // a meter error report (`no_meter`, `meter_event_customer_not_found`, …),
 // instead of 200 now and an asynchronous report (Config.AsyncValidation
 // restores Stripe's way); summaries are immediately consistent.
+//
+// The v2 meter event session and stream endpoints are served too
+// (stream.go), sharing the identifiers, the dedupe and the oracle.
 //
 // Faults (latency, 429, 500 saved or not, drop or cut after apply, timeout)
 // are injected deterministically from a seed, and scripted answers can be

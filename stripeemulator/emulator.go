@@ -98,6 +98,13 @@ type Config struct {
 	// RequestLogLimit: request records kept (oldest dropped first).
 	// Defaults to RequestLogLimitDefault.
 	RequestLogLimit int
+	// SessionTTL: how long a v2 meter event session token is valid.
+	// Defaults to SessionTTLDefault (15 minutes).
+	SessionTTL time.Duration
+	// SessionExpiredStatus: the HTTP status of the stream's
+	// billing_meter_event_session_expired answer, 401 (Stripe's spec,
+	// the default) or 400 (as some Stripe SDK tests have it).
+	SessionExpiredStatus int
 	// Reconcile: summary lag, error report delivery, invoice grace
 	// (reconcile.go).
 	Reconcile ReconcileConfig
@@ -118,6 +125,10 @@ func (c *Config) setDefaults() {
 	def(&c.MaxPast, MaxPastDefault)
 	def(&c.MaxFuture, MaxFutureDefault)
 	def(&c.TimeoutHold, TimeoutHoldDefault)
+	def(&c.SessionTTL, SessionTTLDefault)
+	if c.SessionExpiredStatus == 0 {
+		c.SessionExpiredStatus = http.StatusUnauthorized
+	}
 	if c.RequestLogLimit == 0 {
 		c.RequestLogLimit = RequestLogLimitDefault
 	}
@@ -129,11 +140,14 @@ func (c *Config) setDefaults() {
 func (c Config) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"DedupeWindow": c.DedupeWindow, "IdempotencyTTL": c.IdempotencyTTL, "CancelWindow": c.CancelWindow,
-		"MaxPast": c.MaxPast, "MaxFuture": c.MaxFuture, "TimeoutHold": c.TimeoutHold,
+		"MaxPast": c.MaxPast, "MaxFuture": c.MaxFuture, "TimeoutHold": c.TimeoutHold, "SessionTTL": c.SessionTTL,
 	} {
 		if d < 0 {
 			return fmt.Errorf("%w: %s=%s must not be negative", ErrInvalidConfig, name, d)
 		}
+	}
+	if s := c.SessionExpiredStatus; s != 0 && s != http.StatusUnauthorized && s != http.StatusBadRequest {
+		return fmt.Errorf("%w: SessionExpiredStatus=%d must be 401 or 400", ErrInvalidConfig, s)
 	}
 	if c.RequestLogLimit < 0 {
 		return fmt.Errorf("%w: RequestLogLimit=%d must not be negative", ErrInvalidConfig, c.RequestLogLimit)
@@ -175,7 +189,13 @@ type Emulator struct {
 
 	scripts map[string][]Answer
 
-	rec reconState // reconcile.go
+	sessions     map[string]session // v2 meter event session tokens (stream.go)
+	sessionsN    int                // sessions created
+	streamEvents int                // events received by the stream (processed requests)
+	streamDupes  int                // of which not applied again: identifier within the dedupe window
+
+	rec  reconState // reconcile.go
+	told told       // objects.go
 
 	counts   map[Outcome]int
 	requests []RequestRecord
@@ -226,6 +246,7 @@ func New(cfg Config) (*Emulator, error) {
 		totals:       map[string]*big.Rat{},
 		overlapsPair: map[pairKey]int{},
 		scripts:      map[string][]Answer{},
+		sessions:     map[string]session{},
 		counts:       map[Outcome]int{},
 	}
 	e.initReconcile()
@@ -241,8 +262,10 @@ func New(cfg Config) (*Emulator, error) {
 	mux.HandleFunc("GET /v1/billing/meters/{id}/event_summaries", e.authed(RouteSummaryList, e.handleSummaryList))
 	mux.HandleFunc("POST /v1/billing/meter_events", e.authed(RouteMeterEventCreate, e.handleMeterEventCreate))
 	mux.HandleFunc("POST /v1/billing/meter_event_adjustments", e.authed(RouteAdjustmentCreate, e.handleAdjustmentCreate))
+	e.registerStream(mux)
 	e.registerControl(mux)
 	e.registerReconcile(mux)
+	e.registerObjects(mux)
 	mux.HandleFunc("/", e.authed(RouteUnknown, e.handleUnknown))
 	e.mux = mux
 	return e, nil
@@ -287,8 +310,10 @@ type call struct {
 	form       url.Values
 	bodySum    [32]byte
 	identifier string
-	idemKey    string
-	done       bool
+	// identifiers: every event identifier of a stream request.
+	identifiers []string
+	idemKey     string
+	done        bool
 }
 
 // reply is one answer to write.

@@ -229,6 +229,9 @@ const (
 	// AnswerCutAfterApply processes fully, then sends the headers and half
 	// the body and closes the connection.
 	AnswerCutAfterApply AnswerKind = "cut-after-apply"
+	// AnswerSessionExpired is the stream's billing_meter_event_session_expired
+	// (Config.SessionExpiredStatus), not processed; on v1 it is a 401.
+	AnswerSessionExpired AnswerKind = "session-expired"
 	// AnswerTimeout holds the request unprocessed until the client gives up
 	// (or Config.TimeoutHold), then closes the connection.
 	AnswerTimeout AnswerKind = "timeout"
@@ -264,12 +267,12 @@ func ParseAnswer(s string) (Answer, error) {
 	case "200":
 		return Answer{Kind: AnswerNormal}, nil
 	case AnswerNormal, AnswerHTTP429, AnswerHTTP500, AnswerHTTP500Saved, AnswerHTTP409,
-		AnswerHTTP401, AnswerHTTP403, AnswerDrop, AnswerDropAfterApply, AnswerCutAfterApply, AnswerTimeout:
+		AnswerHTTP401, AnswerHTTP403, AnswerSessionExpired, AnswerDrop, AnswerDropAfterApply, AnswerCutAfterApply, AnswerTimeout:
 		return Answer{Kind: k}, nil
 	case AnswerHTTP400:
 		return Answer{Kind: AnswerHTTP400, Code: CodeParameterInvalid}, nil
 	}
-	return Answer{}, &AnswerError{Answer: s, Reason: "want ok, 200, 400:<code>, 401, 403, 409, 429, 500, 500-saved, drop, drop-after-apply, cut-after-apply or timeout"}
+	return Answer{}, &AnswerError{Answer: s, Reason: "want ok, 200, 400:<code>, 401, 403, 409, 429, 500, 500-saved, session-expired, drop, drop-after-apply, cut-after-apply or timeout"}
 }
 
 // ParseAnswers parses a comma-separated queue of answers, e.g.

@@ -85,7 +85,8 @@ type RequestRecord struct {
 	Seq            uint64
 	Route          Route
 	RequestID      string
-	Identifier     string   // meter events and adjustments; "" otherwise
+	Identifier     string   // meter events and adjustments (a stream request: its first event); "" otherwise
+	Identifiers    []string // a stream request: every event identifier, in order; nil otherwise
 	IdempotencyKey string   // the Idempotency-Key header, "" if absent
 	BodySHA256     [32]byte // of the raw request body (POST); zero for GET
 	Status         int      // HTTP status; 0 when the connection was closed without a response
@@ -111,7 +112,7 @@ func (e *Emulator) record(c *call, status int, outcome Outcome) {
 		e.requests = append(e.requests[:0], e.requests[n:]...)
 	}
 	e.requests = append(e.requests, RequestRecord{
-		Seq: e.seq, Route: c.route, RequestID: c.requestID, Identifier: c.identifier,
+		Seq: e.seq, Route: c.route, RequestID: c.requestID, Identifier: c.identifier, Identifiers: c.identifiers,
 		IdempotencyKey: c.idemKey, BodySHA256: c.bodySum, Status: status, Outcome: outcome, ReceivedAt: c.received,
 	})
 }
@@ -233,7 +234,7 @@ func (e *Emulator) RequestsFor(identifier string) []RequestRecord {
 	defer e.mu.Unlock()
 	var out []RequestRecord
 	for _, r := range e.requestLog() {
-		if r.Identifier == identifier {
+		if r.Identifier == identifier || slices.Contains(r.Identifiers, identifier) {
 			out = append(out, r)
 		}
 	}
@@ -253,6 +254,10 @@ type Stats struct {
 	InFlight              int                `json:"in_flight"`              // meter event calls holding a (customer, meter) slot now
 	Executing             int                `json:"executing"`              // calls executing under an Idempotency-Key now
 	Faults                string             `json:"faults"`                 // the random faults, ParseFaults syntax
+	Sessions              int                `json:"sessions"`               // v2 meter event sessions created
+	StreamEvents          int                `json:"stream_events"`          // events in processed stream requests
+	StreamDuplicates      int                `json:"stream_duplicates"`      // of which not applied again (identifier within the dedupe window)
+	ErrorReports          int                `json:"error_reports"`          // asynchronous rejections recorded
 }
 
 // Stats returns the current summary. Its cost does not grow with the
@@ -266,7 +271,8 @@ func (e *Emulator) Stats() Stats {
 	return Stats{
 		Requests: e.seq, Outcomes: counts, Applied: len(e.events), Cancelled: e.cancelledN, AppliedTotals: totals,
 		DuplicateApplications: len(e.duplicates), Overlaps: e.overlaps, InFlight: e.inflightN, Executing: e.executingN,
-		Faults: e.faults.String(),
+		Faults: e.faults.String(), Sessions: e.sessionsN, StreamEvents: e.streamEvents, StreamDuplicates: e.streamDupes,
+		ErrorReports: len(e.reports),
 	}
 }
 

@@ -130,7 +130,7 @@ func (e *Emulator) handleMeterEventCreate(c *call) reply {
 			Message: "There is currently another in-progress request using this idempotent key. Please try again later."}, OutcomeKeyInUse)
 	case AnswerHTTP400:
 		return errReply(invalidRequest(answer.Code, "", "Injected error (%s).", answer.Code), OutcomeInvalid)
-	case AnswerHTTP401:
+	case AnswerHTTP401, AnswerSessionExpired:
 		return errReply(&apiError{Status: http.StatusUnauthorized, Type: TypeInvalidRequestError, Message: "Invalid API Key provided: " + redactKey(c.apiKey)}, OutcomeUnauthorized)
 	case AnswerHTTP403:
 		return errReply(&apiError{Status: http.StatusForbidden, Type: TypeInvalidRequestError,
@@ -193,10 +193,9 @@ func (e *Emulator) applyMeterEvent(c *call, eventName, identifier string, payloa
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.cfg.Now()
-	st := e.ids[identifier]
 	// The identifier is taken while its latest application is younger
 	// than the dedupe window.
-	if st.applications > 0 && now.Sub(e.events[st.last].ReceivedAt) < e.cfg.DedupeWindow {
+	if e.takenLocked(now, identifier) {
 		ae := invalidRequest("", "identifier", "%s %s for the event %s. Identifiers must be unique for a rolling 24 hour period.", DuplicateIdentifierMessagePrefix, identifier, eventName)
 		ae.ShouldRetry = "false"
 		return executed{reply: errReply(ae, OutcomeDuplicate)}
@@ -220,56 +219,89 @@ func (e *Emulator) applyMeterEvent(c *call, eventName, identifier string, payloa
 		rp.outcome = OutcomeErrorReported
 		return executed{reply: rp, save: true}
 	}
+	at := time.Unix(ts, 0).UTC()
+	v, ae := e.validateLocked(now, eventName, payload, at)
+	if ae != nil {
+		return reject(ae.Code, ae.Param, "%s", ae.Message)
+	}
+	e.applyLocked(now, identifier, v)
+
+	return executed{reply: ok200(), save: true}
+}
+
+// validEvent is a meter event that passed the configuration checks.
+type validEvent struct {
+	meter *Meter
+	cust  string   // the stored customer id
+	value float64  // parsed value
+	exact *big.Rat // the same value, exactly
+	at    time.Time
+}
+
+// validateLocked runs the configuration checks and the timestamp window on
+// one event (both APIs). The error carries Stripe's meter error report
+// code. Callers hold e.mu.
+func (e *Emulator) validateLocked(now time.Time, eventName string, payload map[string]string, at time.Time) (validEvent, *apiError) {
 	m := e.meterForEvent(eventName)
 	if m == nil {
-		return reject(CodeNoMeter, "event_name", "No active meter was found for event_name %s.", eventName)
+		return validEvent{}, invalidRequest(CodeNoMeter, "event_name", "No active meter was found for event_name %s.", eventName)
 	}
 	if !m.Active {
-		return reject(CodeArchivedMeter, "event_name", "The meter for event_name %s is inactive.", eventName)
+		return validEvent{}, invalidRequest(CodeArchivedMeter, "event_name", "The meter for event_name %s is inactive.", eventName)
 	}
 	cust := payload[m.CustomerKey]
 	if cust == "" {
-		return reject(CodeNoCustomerDefined, "payload", "The payload has no customer under the meter's customer key payload[%s].", m.CustomerKey)
+		return validEvent{}, invalidRequest(CodeNoCustomerDefined, "payload", "The payload has no customer under the meter's customer key payload[%s].", m.CustomerKey)
 	}
 	if _, ok := e.customers[cust]; !ok {
-		return reject(CodeCustomerNotFound, "payload", "No such customer: '%s'", cust)
+		return validEvent{}, invalidRequest(CodeCustomerNotFound, "payload", "No such customer: '%s'", cust)
 	}
 	raw, ok := payload[m.ValueKey]
 	if !ok {
-		return reject(CodeValueNotFound, "payload", "The payload has no value under the meter's value key payload[%s].", m.ValueKey)
+		return validEvent{}, invalidRequest(CodeValueNotFound, "payload", "The payload has no value under the meter's value key payload[%s].", m.ValueKey)
 	}
 	value, err := strconv.ParseFloat(raw, 64)
 	exact, ok := exactValue(raw)
 	if !decimal.MatchString(raw) || err != nil || !ok {
-		return reject(CodeInvalidValue, "payload", "The value under payload[%s] must be a decimal number.", m.ValueKey)
+		return validEvent{}, invalidRequest(CodeInvalidValue, "payload", "The value under payload[%s] must be a decimal number.", m.ValueKey)
 	}
 	if significantDigits(raw) > MaxValueDigits {
-		return reject(CodeValueTooManyDigits, "payload", "The value under payload[%s] has more than %d significant digits.", m.ValueKey, MaxValueDigits)
+		return validEvent{}, invalidRequest(CodeValueTooManyDigits, "payload", "The value under payload[%s] has more than %d significant digits.", m.ValueKey, MaxValueDigits)
 	}
-	at := time.Unix(ts, 0).UTC()
 	if at.Before(now.Add(-e.cfg.MaxPast)) {
-		return reject(CodeTimestampTooFarInPast, "timestamp", "Timestamp must be within the past %d days.", int(e.cfg.MaxPast/(24*time.Hour)))
+		return validEvent{}, invalidRequest(CodeTimestampTooFarInPast, "timestamp", "Timestamp must be within the past %d days.", int(e.cfg.MaxPast/(24*time.Hour)))
 	}
 	if at.After(now.Add(e.cfg.MaxFuture)) {
-		return reject(CodeTimestampInFuture, "timestamp", "Timestamp must not be more than %s in the future.", e.cfg.MaxFuture)
+		return validEvent{}, invalidRequest(CodeTimestampInFuture, "timestamp", "Timestamp must not be more than %s in the future.", e.cfg.MaxFuture)
 	}
-	cust = e.customers[cust].ID // share the stored string
+	return validEvent{meter: m, cust: e.customers[cust].ID, value: value, exact: exact, at: at}, nil
+}
 
+// takenLocked reports whether identifier's latest application is younger
+// than the dedupe window. Callers hold e.mu.
+func (e *Emulator) takenLocked(now time.Time, identifier string) bool {
+	st := e.ids[identifier]
+	return st.applications > 0 && now.Sub(e.events[st.last].ReceivedAt) < e.cfg.DedupeWindow
+}
+
+// applyLocked records one applied event under identifier, counting a
+// second application as a duplicate (the oracle). Callers hold e.mu.
+func (e *Emulator) applyLocked(now time.Time, identifier string, v validEvent) {
+	st := e.ids[identifier]
+	m := v.meter
 	idx := len(e.events)
 	e.events = append(e.events, AppliedEvent{Identifier: identifier, EventName: m.EventName, MeterID: m.ID,
-		Customer: cust, Value: value, exact: exact, Timestamp: at, ReceivedAt: now})
+		Customer: v.cust, Value: v.value, exact: v.exact, Timestamp: v.at, ReceivedAt: now})
 	if e.totals[m.EventName] == nil {
 		e.totals[m.EventName] = new(big.Rat)
 	}
-	e.totals[m.EventName].Add(e.totals[m.EventName], exact)
+	e.totals[m.EventName].Add(e.totals[m.EventName], v.exact)
 	st.applications++
 	st.last = idx
 	e.ids[identifier] = st
 	if st.applications == 2 {
 		e.duplicates = append(e.duplicates, identifier)
 	}
-	pk := pairKey{m.ID, cust}
+	pk := pairKey{m.ID, v.cust}
 	e.byPair[pk] = append(e.byPair[pk], idx)
-
-	return executed{reply: ok200(), save: true}
 }

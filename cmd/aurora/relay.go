@@ -8,6 +8,7 @@ import (
 
 	"github.com/aurora-billing/aurora/relay"
 	"github.com/aurora-billing/aurora/shared/config"
+	"github.com/aurora-billing/aurora/shared/events"
 	"github.com/aurora-billing/aurora/shared/ops"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -19,6 +20,10 @@ type relayConfig struct {
 	config.Database
 	config.NATS
 	relay.Config
+	// Events configures the domain-event dispatcher the relay runs beside
+	// the export relay (AURORA_EVENTS_*, see shared/events.Config; each
+	// knob has its range there and in docs/events.md).
+	Events events.Config
 	// HTTPAddr serves /healthz, /readyz and /metrics. AURORA_RELAY_HTTP_ADDR,
 	// default 127.0.0.1:9101; empty disables the listener.
 	HTTPAddr string `env:"RELAY_HTTP_ADDR" envDefault:"127.0.0.1:9101"`
@@ -28,7 +33,7 @@ type relayConfig struct {
 func (c relayConfig) Validate() error {
 	var addr error
 	addr = config.ListenAddr("RELAY_HTTP_ADDR", c.HTTPAddr, true)
-	return errors.Join(c.Database.Validate(), c.NATS.Validate(), c.Config.Validate(), addr)
+	return errors.Join(c.Database.Validate(), c.NATS.Validate(), c.Config.Validate(), c.Events.Validate(), addr)
 }
 
 // redactURL hides a URL's secrets (password, ?password=…); see config.RedactURL.
@@ -38,17 +43,24 @@ func newRelayCmd() *cobra.Command {
 	var validate bool
 	cmd := &cobra.Command{
 		Use:   "relay",
-		Short: "Publish committed, due outbox rows to the AURORA_OUTBOX JetStream stream",
+		Short: "Publish committed, due outbox rows to AURORA_OUTBOX and domain events to AURORA_EVENTS",
 		Long: `The relay tails outbox_items without a cursor: it claims due rows not yet published for
 their dispatch with FOR UPDATE SKIP LOCKED, publishes them asynchronously with
 Nats-Msg-Id = <idempotency key>.<dispatch>, and marks a row published only after its PubAck.
 Rows published but still unclaimed after AURORA_RELAY_REDISPATCH_SECONDS get a new dispatch
 and are published again. Any number of relays may run at once. See docs/relay.md.
 
+Beside it runs the domain-event dispatcher: committed event_outbox rows are published to
+AURORA_EVENTS (subject aurora.events.<Type>, Nats-Msg-Id = event id), woken by NOTIFY on
+aurora_events with a polling fallback (AURORA_EVENTS_DISPATCH_POLL_MS); failed publishes are
+retried with backoff and dead-lettered after AURORA_EVENTS_DISPATCH_MAX_ATTEMPTS; acknowledged
+events older than AURORA_EVENTS_RETENTION_HOURS are purged. See docs/events.md.
+
 Configuration: AURORA_DATABASE_URL, AURORA_NATS_URL, AURORA_OUTBOX_BATCH_SIZE,
 AURORA_RELAY_POLL_MS, AURORA_RELAY_REDISPATCH_SECONDS, AURORA_RELAY_REDISPATCH_SCAN_MS,
 AURORA_RELAY_MAX_INFLIGHT, AURORA_RELAY_WORKERS, AURORA_RELAY_PUBLISH_TIMEOUT_MS,
-AURORA_OUTBOX_STREAM_REPLICAS, AURORA_OUTBOX_DUPLICATE_WINDOW_SECONDS, AURORA_RELAY_HTTP_ADDR.`,
+AURORA_OUTBOX_STREAM_REPLICAS, AURORA_OUTBOX_DUPLICATE_WINDOW_SECONDS, AURORA_RELAY_HTTP_ADDR,
+and the AURORA_EVENTS_* knobs (aurora relay --validate lists them all).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var cfg relayConfig
@@ -56,10 +68,11 @@ AURORA_OUTBOX_STREAM_REPLICAS, AURORA_OUTBOX_DUPLICATE_WINDOW_SECONDS, AURORA_RE
 				return err
 			}
 			if validate {
-				fmt.Fprintf(cmd.OutOrStdout(), "configuration valid: database=%s nats=%s batch_size=%d poll_ms=%d redispatch_seconds=%d redispatch_scan_ms=%d max_inflight=%d workers=%d publish_timeout_ms=%d stream_replicas=%d duplicate_window_seconds=%d http_addr=%q\n",
+				fmt.Fprintf(cmd.OutOrStdout(), "configuration valid: database=%s nats=%s batch_size=%d poll_ms=%d redispatch_seconds=%d redispatch_scan_ms=%d max_inflight=%d workers=%d publish_timeout_ms=%d stream_replicas=%d duplicate_window_seconds=%d http_addr=%q events_dispatch_batch_size=%d events_dispatch_poll_ms=%d events_dispatch_max_attempts=%d\n",
 					redactURL(cfg.Database.URL), redactURL(cfg.NATS.URL), cfg.Outbox.BatchSize, cfg.PollMS, cfg.RedispatchSeconds,
 					cfg.RedispatchScanMS, cfg.MaxInflight, cfg.Workers, cfg.PublishTimeoutMS, cfg.Stream.Replicas,
-					cfg.Stream.DuplicateWindowSeconds, cfg.HTTPAddr)
+					cfg.Stream.DuplicateWindowSeconds, cfg.HTTPAddr, cfg.Events.DispatchBatchSize, cfg.Events.DispatchPollMS,
+					cfg.Events.DispatchMaxAttempts)
 				return nil
 			}
 			return runRelay(cmd, cfg)
@@ -75,7 +88,10 @@ func runRelay(cmd *cobra.Command, cfg relayConfig) error {
 	if err := requireMigrated(ctx, "relay", cfg.Database.URL, log); err != nil {
 		return err
 	}
-	pool, err := openPool(ctx, "relay", cfg.Database.SessionURL(), cfg.Workers+4) // one per worker, the sweep, scrapes and readiness
+	// one per worker, the sweep, scrapes and readiness, and two for the
+	// event dispatcher (a batch and the retention purge; its LISTEN
+	// connection is its own)
+	pool, err := openPool(ctx, "relay", cfg.Database.SessionURL(), cfg.Workers+6)
 	if err != nil {
 		return err
 	}
@@ -92,8 +108,21 @@ func runRelay(cmd *cobra.Command, cfg relayConfig) error {
 		return fmt.Errorf("relay: jetstream: %w", err)
 	}
 
+	// The event dispatcher gets a JetStream context of its own: its async
+	// window is one event batch, independent of the export relay's.
+	ejs, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(cfg.Events.DispatchBatchSize),
+		jetstream.WithPublishAsyncTimeout(time.Duration(cfg.Events.PublishTimeoutMS)*time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("relay: jetstream (events): %w", err)
+	}
+
 	reg := ops.NewRegistry()
 	r, err := relay.New(pool, js, cfg.Config, relay.WithRegistry(reg), relay.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	d, err := events.NewDispatcher(pool, ejs, cfg.Events, events.WithRegistry(reg), events.WithLogger(log))
 	if err != nil {
 		return err
 	}
@@ -101,5 +130,6 @@ func runRelay(cmd *cobra.Command, cfg relayConfig) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ops.Serve(gctx, cfg.HTTPAddr, ops.Handler(reg, r.Checks()...)) })
 	g.Go(func() error { return r.Run(gctx) })
+	g.Go(func() error { return d.Run(gctx) })
 	return g.Wait()
 }

@@ -1,0 +1,221 @@
+package deliverer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aurora-billing/aurora/deliverer"
+	"github.com/aurora-billing/aurora/shared/ops"
+	"github.com/aurora-billing/aurora/shared/outbox"
+	"github.com/aurora-billing/aurora/stripeemulator"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// gauge returns the value of the unlabelled gauge name in reg (-1 when
+// absent).
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return -1
+}
+
+// readyz is the status /readyz answers for r.
+func readyz(r *running) int {
+	rec := httptest.NewRecorder()
+	ops.Handler(r.reg, r.d.Checks()...).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	return rec.Code
+}
+
+// reattachGate holds every re-attach of a stopped consume loop until
+// released, recording which partitions waited.
+type reattachGate struct {
+	mu      sync.Mutex
+	waited  []int
+	release chan struct{}
+}
+
+func newReattachGate() *reattachGate { return &reattachGate{release: make(chan struct{})} }
+
+func (g *reattachGate) option() deliverer.Option {
+	return deliverer.WithBeforeReattach(func(ctx context.Context, p int) {
+		g.mu.Lock()
+		g.waited = append(g.waited, p)
+		g.mu.Unlock()
+		select {
+		case <-g.release:
+		case <-ctx.Done():
+		}
+	})
+}
+
+func (g *reattachGate) partitions() []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Sorted(slices.Values(g.waited))
+}
+
+// deleteConsumer deletes a partition consumer as `nats consumer rm` does.
+func (h *harness) deleteConsumer(name string) {
+	h.t.Helper()
+	if err := h.js.DeleteConsumer(context.Background(), outbox.StreamName, name); err != nil {
+		h.t.Fatalf("delete %s: %v", name, err)
+	}
+}
+
+// A consume loop that ends by itself is noticed at once, not at the next
+// attach check (an hour here): JetStream tells the waiting pull that its
+// consumer was deleted. While it is down the deliverer is not ready, its
+// gauge is 0; it recreates the consumer and delivers again.
+func TestConsumeLoopEndNoticed(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stripeemulator.Faults{})
+	gate := newReattachGate()
+	r := h.start(testConfig(), deliverer.WithAttachCheck(time.Hour), gate.option())
+	if v := gauge(t, r.reg, "aurora_deliverer_consume_loop_running"); v != 1 || readyz(r) != http.StatusOK {
+		t.Fatalf("attached: gauge %v, readyz %d", v, readyz(r))
+	}
+	row := h.stage(h.item("org_1", "event:rm", 1))
+	_, msg := laneMessage(t, h.pool, row)
+	p := outbox.Partition(msg.Lane, outbox.PartitionsDefault)
+
+	h.deleteConsumer(r.d.ConsumerName(p))
+	h.await("the ended loop noticed", func() bool { return len(gate.partitions()) == 1 })
+	if got := gate.partitions(); got[0] != p {
+		t.Fatalf("re-attach of partition %v, want %d", got, p)
+	}
+	if r.d.Ready() == nil || readyz(r) != http.StatusServiceUnavailable {
+		t.Fatalf("ready while partition %d has no consume loop (readyz %d)", p, readyz(r))
+	}
+	if v := gauge(t, r.reg, "aurora_deliverer_consume_loop_running"); v != 0 {
+		t.Fatalf("consume_loop_running %v while down", v)
+	}
+	h.publish(row.ID) // committed while the consumer is gone: kept by the stream
+	close(gate.release)
+	h.await("ready again", func() bool { return r.d.Ready() == nil })
+	if v := gauge(t, r.reg, "aurora_deliverer_consume_loop_running"); v != 1 || readyz(r) != http.StatusOK {
+		t.Fatalf("re-attached: gauge %v, readyz %d", v, readyz(r))
+	}
+	h.awaitState(row.ID, outbox.StateAccepted)
+}
+
+// Must show: `nats consumer rm` of the deliverers' consumers under load.
+// Every partition consumer is deleted while items are in flight and more
+// are committed; /readyz answers 503 while the loops are down; delivery
+// resumes by itself; every item is accepted and applied exactly once.
+func TestConsumerDeletedUnderLoad(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stripeemulator.Faults{Latency: 5 * time.Millisecond})
+	const tenants = 8
+	for i := range tenants {
+		h.addTenant(fmt.Sprintf("org_c%d", i), fmt.Sprintf("cus_c%d", i))
+	}
+	gate := newReattachGate()
+	cfg := testConfig()
+	r := h.start(cfg, deliverer.WithAttachCheck(100*time.Millisecond), gate.option())
+
+	var ids []int64
+	commit := func(from, to int) {
+		for i := from; i < to; i++ {
+			row := h.stage(h.item(fmt.Sprintf("org_c%d", i%tenants), fmt.Sprintf("event:load%d", i), 1))
+			ids = append(ids, row.ID)
+			h.publish(row.ID)
+		}
+	}
+	accepted := func() int {
+		var n int
+		if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_items WHERE state = 'accepted'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	commit(0, 300)
+	h.await("delivery under way", func() bool { return accepted() >= 30 })
+	if accepted() == 300 {
+		t.Fatal("everything delivered before the consumers were deleted: no load to test")
+	}
+	for p := range outbox.PartitionsDefault {
+		h.deleteConsumer(r.d.ConsumerName(p))
+	}
+	h.await("a stopped loop noticed", func() bool { return len(gate.partitions()) > 0 })
+	if r.d.Ready() == nil || readyz(r) != http.StatusServiceUnavailable {
+		t.Fatalf("ready while consume loops are down (readyz %d)", readyz(r))
+	}
+	if v := gauge(t, r.reg, "aurora_deliverer_consume_loop_running"); v != 0 {
+		t.Fatalf("consume_loop_running %v while down", v)
+	}
+	commit(300, 400) // committed during the outage
+	h.await("every loop noticed", func() bool { return len(gate.partitions()) >= outbox.PartitionsDefault })
+	close(gate.release)
+	h.await("ready again", func() bool { return r.d.Ready() == nil })
+	if readyz(r) != http.StatusOK {
+		t.Fatal("readyz not 200 after re-attach")
+	}
+	for _, id := range ids {
+		h.awaitState(id, outbox.StateAccepted)
+	}
+	if n := h.emu.AppliedCount(); n != len(ids) {
+		t.Fatalf("applied %d, committed %d", n, len(ids))
+	}
+	if d := h.emu.DuplicateApplications(); len(d) != 0 || h.emu.Overlaps() != 0 {
+		t.Fatalf("duplicate applications %v, overlaps %d", d, h.emu.Overlaps())
+	}
+}
+
+// Two deliverers configured with clashing filters on one durable: the
+// second refuses to start, naming the consumer and both filters; the first
+// keeps consuming with its own filter.
+func TestClashingFiltersRefuseToStart(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stripeemulator.Faults{})
+	first := h.start(testConfig())
+
+	other := testConfig()
+	other.FilterSubject = outbox.SubjectPrefix + "." + outbox.TenantToken(outbox.DefaultExporter) + "." + outbox.TenantToken("org_2")
+	second := h.start(other)
+	select {
+	case <-second.done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("second deliverer started on a clashing consumer")
+	}
+	var clash *deliverer.ConsumerClashError
+	if !errors.Is(second.err, deliverer.ErrConsumerClash) || !errors.As(second.err, &clash) {
+		t.Fatalf("Run: %v, want a *ConsumerClashError", second.err)
+	}
+	ours, _ := deliverer.FilterFor(other.FilterSubject, 0)
+	theirs, _ := deliverer.FilterFor(deliverer.DefaultFilterSubject(), 0)
+	msg := second.err.Error()
+	for _, want := range []string{first.d.ConsumerName(0), ours, theirs} {
+		if !strings.Contains(msg, want) {
+			t.Fatalf("error %q does not name %q", msg, want)
+		}
+	}
+	if first.d.Ready() != nil {
+		t.Fatalf("first deliverer not ready: %v", first.d.Ready())
+	}
+	row := h.stage(h.item("org_1", "event:clash", 1))
+	h.publish(row.ID)
+	h.awaitState(row.ID, outbox.StateAccepted)
+	cons, err := h.js.Consumer(context.Background(), outbox.StreamName, first.d.ConsumerName(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := cons.CachedInfo().Config.FilterSubject; f != theirs {
+		t.Fatalf("consumer filter %q, want the first deliverer's %q", f, theirs)
+	}
+}

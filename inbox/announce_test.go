@@ -1,0 +1,174 @@
+package inbox
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+)
+
+// announced returns the domain events the projections wrote, oldest
+// first, as type → payloads.
+func (e *env) announced() map[string][]map[string]any {
+	e.t.Helper()
+	rows, err := e.pool.Query(context.Background(), `SELECT event_type, aggregate_id, payload, status FROM event_outbox ORDER BY created_at, event_id`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string][]map[string]any{}
+	for rows.Next() {
+		var typ, agg, status string
+		var payload []byte
+		if err := rows.Scan(&typ, &agg, &payload, &status); err != nil {
+			e.t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(payload, &m); err != nil {
+			e.t.Fatal(err)
+		}
+		m["_aggregate"], m["_status"] = agg, status
+		out[typ] = append(out[typ], m)
+	}
+	if err := rows.Err(); err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// Must show: a subscription webhook processed by the inbox produces
+// SubscriptionChanged.v1 (and EntitlementChanged.v1), written in the
+// projection's transaction as pending for the relay's dispatcher; no
+// customer id in it.
+func TestSubscriptionWebhookPublishesSubscriptionChanged(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.mapPrice("price_basic", "basic")
+	e.mapPrice("price_pro", "pro")
+	e.linked("cus_1", "tenant_1", "sub_1")
+	if got := e.announced(); len(got) != 0 {
+		t.Fatalf("a checkout announced %v", got)
+	}
+
+	e.deliver(subscription(t, "customer.subscription.created", "evt_sub", t0, "cus_1", "sub_1", "active", "price_basic"))
+	e.drain()
+	got := e.announced()
+	sc := got[EventSubscriptionChanged]
+	if len(sc) != 1 {
+		t.Fatalf("SubscriptionChanged.v1: %v", got)
+	}
+	if sc[0]["_aggregate"] != "sub_1" || sc[0]["_status"] != "pending" || sc[0]["tenant"] != "tenant_1" || sc[0]["status"] != "active" ||
+		sc[0]["plan"] != "basic" || sc[0]["stripe_event_id"] != "evt_sub" || sc[0]["previous_status"] != nil {
+		t.Fatalf("SubscriptionChanged.v1 payload %v", sc[0])
+	}
+	ec := got[EventEntitlementChanged]
+	if len(ec) != 1 || ec[0]["_aggregate"] != "tenant_1" || ec[0]["cause"] != "subscription" || ec[0]["plan"] != "basic" {
+		t.Fatalf("EntitlementChanged.v1: %v", ec)
+	}
+	if n := e.count(`SELECT count(*) FROM event_outbox WHERE payload::text LIKE '%cus_1%'`); n != 0 {
+		t.Fatalf("%d events carry the customer id", n)
+	}
+
+	// an upgrade: both again, with the previous state
+	e.deliver(subscription(t, "customer.subscription.updated", "evt_up", t0+10, "cus_1", "sub_1", "active", "price_pro"))
+	e.drain()
+	got = e.announced()
+	if sc = got[EventSubscriptionChanged]; len(sc) != 2 || sc[1]["plan"] != "pro" || sc[1]["previous_plan"] != "basic" || sc[1]["previous_status"] != "active" {
+		t.Fatalf("after the upgrade: %v", sc)
+	}
+	if ec = got[EventEntitlementChanged]; len(ec) != 2 || ec[1]["plan"] != "pro" || ec[1]["previous_plan"] != "basic" {
+		t.Fatalf("after the upgrade: %v", ec)
+	}
+
+	// a stale or identical replay announces nothing
+	e.deliver(subscription(t, "customer.subscription.updated", "evt_old", t0+5, "cus_1", "sub_1", "past_due", "price_basic"))
+	e.drain()
+	if r := e.row("evt_old"); r.outcome != string(OutcomeStale) {
+		t.Fatalf("evt_old %+v", r)
+	}
+	if n := e.count(`SELECT count(*) FROM event_outbox`); n != 4 {
+		t.Fatalf("%d events after a stale snapshot, want 4", n)
+	}
+}
+
+// A deferred or quarantined webhook announces nothing: the events ride the
+// projection's batch, dropped with it.
+func TestDeferredWebhookAnnouncesNothingUntilApplied(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.mapPrice("price_basic", "basic")
+	e.deliver(subscription(t, "customer.subscription.created", "evt_sub", t0+10, "cus_1", "sub_1", "active", "price_basic"))
+	if p := e.pass(); p.Count(ResultDeferred) != 1 {
+		t.Fatalf("pass %+v, want deferred", p.Results)
+	}
+	if n := e.count(`SELECT count(*) FROM event_outbox`); n != 0 {
+		t.Fatalf("a deferred webhook announced %d events", n)
+	}
+	e.deliver(checkout(t, "evt_co", t0+5, "cus_1", "tenant_1", "sub_1"))
+	e.drain()
+	if got := e.announced(); len(got[EventSubscriptionChanged]) != 1 {
+		t.Fatalf("after the linkage: %v", got)
+	}
+}
+
+// invoice.paid and invoice.payment_succeeded of one invoice announce one
+// InvoicePaid.v1 (its id derives from the invoice); each failure announces
+// InvoicePaymentFailed.v1; billing status changes announce
+// EntitlementChanged.v1.
+func TestInvoiceWebhooksPublishInvoiceEvents(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.mapPrice("price_basic", "basic")
+	e.linked("cus_1", "tenant_1", "sub_1")
+	e.deliver(subscription(t, "customer.subscription.created", "evt_sub", t0, "cus_1", "sub_1", "active", "price_basic"))
+	e.drain()
+
+	e.deliver(invoice(t, basilInvoice, "invoice.payment_failed", "evt_f1", t0+30, "cus_1", "in_1", "sub_1"))
+	e.drain()
+	e.deliver(invoice(t, basilInvoice, "invoice.paid", "evt_paid", t0+60, "cus_1", "in_1", "sub_1"))
+	e.drain()
+	e.deliver(invoice(t, basilInvoice, "invoice.payment_succeeded", "evt_succ", t0+61, "cus_1", "in_1", "sub_1"))
+	e.drain()
+	got := e.announced()
+	if f := got[EventInvoicePaymentFailed]; len(f) != 1 || f[0]["_aggregate"] != "in_1" || f[0]["grace_until"] == nil || f[0]["stripe_event_id"] != "evt_f1" {
+		t.Fatalf("InvoicePaymentFailed.v1: %v", f)
+	}
+	if p := got[EventInvoicePaid]; len(p) != 1 || p[0]["_aggregate"] != "in_1" || p[0]["tenant"] != "tenant_1" || p[0]["subscription_id"] != "sub_1" ||
+		p[0]["stripe_event_id"] != "evt_paid" {
+		t.Fatalf("InvoicePaid.v1 (one per invoice): %v", p)
+	}
+	var billing []string
+	for _, m := range got[EventEntitlementChanged] {
+		if m["cause"] == "invoice" {
+			billing = append(billing, m["previous_billing_status"].(string)+"→"+m["billing_status"].(string))
+		}
+	}
+	if len(billing) != 2 || billing[0] != "none→grace" || billing[1] != "grace→current" {
+		t.Fatalf("billing EntitlementChanged.v1: %v", billing)
+	}
+}
+
+func TestInvoiceAmountIsReadLeniently(t *testing.T) {
+	for _, tc := range []struct {
+		raw      string
+		amount   int64
+		ok       bool
+		currency string
+	}{
+		{`{"amount_paid": 1999, "currency": "eur"}`, 1999, true, "eur"},
+		{`{"amount_paid": -1, "currency": "EUR"}`, 0, false, ""},
+		{`{"amount_paid": "12", "currency": 5}`, 0, false, ""},
+		{`{}`, 0, false, ""},
+	} {
+		var o struct {
+			AmountPaid json.RawMessage `json:"amount_paid"`
+			Currency   json.RawMessage `json:"currency"`
+		}
+		if err := json.Unmarshal([]byte(tc.raw), &o); err != nil {
+			t.Fatal(err)
+		}
+		a := minorAmount(o.AmountPaid)
+		if (a != nil) != tc.ok || (a != nil && *a != tc.amount) || currencyCode(o.Currency) != tc.currency {
+			t.Errorf("%s: amount %v currency %q", tc.raw, a, currencyCode(o.Currency))
+		}
+	}
+}
