@@ -393,8 +393,10 @@ type recordParams struct {
 	Records []record
 }
 
-// lastErrorMax bounds last_error and an attempt's error_message, in bytes
-// (cut on a UTF-8 character boundary: truncateUTF8).
+// lastErrorMax bounds last_error, provider_ref and an attempt's
+// stripe_request_id, error_code and error_message, in bytes (cut on a UTF-8
+// character boundary, NUL and invalid bytes replaced: truncateUTF8), so no
+// exporter's answer can fail the outcome batch in Postgres.
 const lastErrorMax = 500
 
 func (p recordParams) args() pgx.NamedArgs {
@@ -422,10 +424,10 @@ func (p recordParams) args() pgx.NamedArgs {
 		}
 		lastErrs[i] = str(truncateUTF8(r.LastError, lastErrorMax))
 		if r.Outcome == OutcomeAccepted {
-			refs[i] = str(r.Result.ProviderRef)
+			refs[i] = str(truncateUTF8(r.Result.ProviderRef, lastErrorMax))
 		}
-		reqIDs[i] = str(r.Result.RequestID)
-		codes[i] = str(r.Result.ErrorCode)
+		reqIDs[i] = str(truncateUTF8(r.Result.RequestID, lastErrorMax))
+		codes[i] = str(truncateUTF8(r.Result.ErrorCode, lastErrorMax))
 		msgs[i] = str(truncateUTF8(r.Result.Message, lastErrorMax))
 		if r.Result.HTTPStatus != 0 {
 			st := int32(r.Result.HTTPStatus)
