@@ -31,6 +31,7 @@ import (
 	"github.com/aurora-billing/aurora/demo/feed"
 	"github.com/aurora-billing/aurora/migrations"
 	"github.com/aurora-billing/aurora/provision"
+	"github.com/aurora-billing/aurora/reconciler"
 	"github.com/aurora-billing/aurora/relay"
 	"github.com/aurora-billing/aurora/shared/config"
 	"github.com/aurora-billing/aurora/shared/natstest"
@@ -54,8 +55,16 @@ type Options struct {
 	StripeBase  string
 	Account     string // destination account (AURORA_STRIPE_ACCOUNT)
 	Input       string // access log or JSONL file; "" = the generator
-	RebaseTime  bool   // shift input so the newest timestamp is now
-	Faults      string // emulator faults, e.g. "drop-after-apply=0.1,http500=0.1"
+	// RebaseTime shifts the input so its newest timestamp is the last
+	// second of the hour before the run: relative order and spacing kept,
+	// and every hourly summary window of the input already ended, so the
+	// reconciliation at the end of the run can compare (and confirm) all
+	// of it.
+	RebaseTime bool
+	// SkipReconcile: end without the reconciliation run (items stay
+	// accepted, never confirmed).
+	SkipReconcile bool
+	Faults        string // emulator faults, e.g. "drop-after-apply=0.1,http500=0.1"
 	// Exporter: the destination account's exporter, "v1" (default) or
 	// "stream" (Stripe's v2 meter event stream).
 	Exporter string
@@ -104,6 +113,15 @@ type Summary struct {
 	Drained                       bool             `json:"drained"`
 	ElapsedSeconds                float64          `json:"elapsed_seconds"`
 	ItemsPerSecond                float64          `json:"items_per_second"`
+	// ReconciliationItems: open reconciliation items by kind after the
+	// demo's reconciliation run, every kind present (0 when none); all 0
+	// is a run whose provider holds exactly what was committed.
+	ReconciliationItems map[string]int `json:"reconciliation_items"`
+	// Reconciliation: what that run compared, confirmed and found; nil when
+	// skipped (SkipReconcile, or the run did not drain).
+	Reconciliation *reconciler.RunReport `json:"reconciliation,omitempty"`
+	// ReconcileSeconds: how long that run took (not in ElapsedSeconds).
+	ReconcileSeconds float64 `json:"reconcile_seconds"`
 }
 
 // Rejected is a well-formed input event the usage API refused (a correction
@@ -159,7 +177,8 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 	}
 	log := o.Logger
 	sum := &Summary{ItemsByState: map[string]int{}, QuarantinedByReason: map[string]int{}, CommittedQuantity: map[string]int64{},
-		ProviderAppliedQuantity: map[string]int64{}, ProviderRequests: map[string]int{}, FirstMalformed: []feed.Malformed{}, FirstRejected: []Rejected{}}
+		ProviderAppliedQuantity: map[string]int64{}, ProviderRequests: map[string]int{}, FirstMalformed: []feed.Malformed{}, FirstRejected: []Rejected{},
+		ReconciliationItems: map[string]int{}}
 	for _, s := range outbox.States {
 		sum.ItemsByState[string(s)] = 0
 	}
@@ -174,7 +193,7 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 		sum.Input = filepath.Base(o.Input)
 	}
 	if o.RebaseTime {
-		res.Rebase(time.Now().UTC())
+		res.Rebase(RebaseInstant(time.Now()))
 	}
 	sum.UsageEvents, sum.MalformedLines, sum.Tenants = len(res.Events), res.MalformedLines, res.Tenants
 	sum.FirstMalformed = append(sum.FirstMalformed, res.FirstMalformed...)
@@ -359,7 +378,34 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 		sum.StreamSessions += s.Client().Refreshes()
 	}
 
-	// 8. What was committed, against what the provider applied.
+	// The emulator's request counts are the delivery's: taken before the
+	// reconciliation's own reads (summaries, invoices) add to them.
+	var deliveryCounts map[stripeemulator.Outcome]int
+	if emu != nil {
+		deliveryCounts = emu.Counts()
+	}
+
+	// 8. Reconcile what was sent against the provider's own records.
+	for _, k := range reconciler.Kinds {
+		sum.ReconciliationItems[string(k)] = 0
+	}
+	if drained && !o.SkipReconcile {
+		began := time.Now()
+		rep, err := reconcile(ctx, pool, o, key, base, emu != nil, res)
+		if err != nil {
+			return nil, err
+		}
+		sum.Reconciliation, sum.ReconcileSeconds = &rep, time.Since(began).Seconds()
+		open, err := reconciler.CountByKind(ctx, pool, reconciler.StateOpen)
+		if err != nil {
+			return nil, err
+		}
+		for k, n := range open {
+			sum.ReconciliationItems[string(k)] = n
+		}
+	}
+
+	// 9. What was committed, against what the provider applied.
 	if err := summarise(ctx, pool, sum); err != nil {
 		return nil, err
 	}
@@ -389,7 +435,7 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 		}
 		sum.ProviderDuplicateApplications = len(emu.DuplicateApplications())
 		sum.StreamEvents = emu.Stats().StreamEvents
-		for k, v := range emu.Counts() {
+		for k, v := range deliveryCounts {
 			sum.ProviderRequests[string(k)] = v
 		}
 	}
@@ -655,6 +701,53 @@ func waitDrained(ctx context.Context, pool *pgxpool.Pool, reg prometheus.Gathere
 		case <-tick.C:
 		}
 	}
+}
+
+// RebaseInstant is where Options.RebaseTime puts the input's newest
+// timestamp: the last second of the hour before now, so every hourly
+// window the input touches has ended when the run begins.
+func RebaseInstant(now time.Time) time.Time {
+	return now.UTC().Truncate(time.Hour).Add(-time.Second)
+}
+
+// Demo reconciliation knobs. Against the demo's own emulator the summaries
+// are complete as soon as an event is applied (no summary lag unless a
+// test sets one), so the settle lag is 0 and the pace is not Stripe's: a
+// real Stripe keeps the service's defaults (an hour's settle lag; 20
+// requests a second), so a demo against it confirms only windows older
+// than an hour.
+const (
+	demoReconcileRPS     = 2000
+	demoReconcileTimeout = 10 * time.Second
+)
+
+// reconcile runs one provider reconciliation over the whole input: the
+// lookback covers its oldest event (within the reconciler's 840 h).
+func reconcile(ctx context.Context, pool *pgxpool.Pool, o Options, key, base string, emulated bool, res *feed.Result) (reconciler.RunReport, error) {
+	settle, rps := reconciler.SettleLagDefault, reconciler.RequestsPerSecondDefault
+	if emulated {
+		settle, rps = 0, demoReconcileRPS
+	}
+	lookback := reconciler.LookbackDefault
+	now := time.Now()
+	for _, e := range res.Events {
+		if span := now.Sub(e.OccurredAt) + 2*time.Hour; span > lookback {
+			lookback = span
+		}
+	}
+	lookback = min(lookback.Truncate(time.Hour), 840*time.Hour)
+	provider, err := reconciler.NewStripeProvider(reconciler.StripeConfig{APIKey: key, APIBase: base}, rps, demoReconcileTimeout)
+	if err != nil {
+		return reconciler.RunReport{}, err
+	}
+	r := reconciler.New(pool, provider, reconciler.Options{
+		Account: o.Account, SettleLag: settle, Lookback: lookback, RequestsPerSecond: rps, Log: o.Logger,
+	})
+	rep, err := r.Run(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("demo: reconcile: %w", err)
+	}
+	return rep, nil
 }
 
 // terminalOutcomes sums the deliverers' terminal outcomes (accepted,

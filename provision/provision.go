@@ -74,7 +74,7 @@ func Account(ctx context.Context, pool *pgxpool.Pool, accountID string, mode ide
 }
 
 // Exporters a destination account can choose (stripe_accounts.exporter,
-// migration 00305): "v1" (one meter event call per item, the default) or
+// migration 00306): "v1" (one meter event call per item, the default) or
 // "stream" (the v2 meter event stream, batches of up to 100).
 var Exporters = []string{"v1", "stream"}
 

@@ -158,7 +158,8 @@ and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.Input, "input", "", "usage input: an Apache/nginx access log or JSONL file (default: the built-in generator)")
-	f.BoolVar(&o.RebaseTime, "rebase-time", false, "shift input timestamps so the newest lands at now")
+	f.BoolVar(&o.RebaseTime, "rebase-time", false, "shift input timestamps so the newest lands in the last second of the previous hour (every hourly window ended, so the run's reconciliation can confirm it)")
+	f.BoolVar(&o.SkipReconcile, "skip-reconcile", false, "end without the reconciliation run (items stay accepted, never confirmed)")
 	f.BoolVar(&asJSON, "json", false, "print the summary as JSON (a stable contract)")
 	f.StringVar(&o.Exporter, "exporter", "v1", "the demo account's exporter: v1 (one meter event call per item) or stream (Stripe's v2 meter event stream, batches of up to 100)")
 	f.DurationVar(&o.SessionTTL, "emulator-session-ttl", 0, "the emulator's v2 session token lifetime (0 = 15m); short values expire tokens mid-run")
@@ -268,6 +269,27 @@ func printSummary(cmd *cobra.Command, s *demo.Summary, kept bool) {
 		fmt.Fprintf(w, "  %-16s committed %d, provider applied %s\n", f, s.CommittedQuantity[f], match)
 	}
 	fmt.Fprintf(w, "  identifiers applied more than once at the provider: %d\n", s.ProviderDuplicateApplications)
+	if r := s.Reconciliation; r != nil {
+		fmt.Fprintf(w, "  reconciliation    %d windows compared, %d matched, %d unsettled; %d items confirmed\n",
+			r.WindowsCompared, r.WindowsMatched, r.WindowsUnsettled, r.ItemsConfirmed)
+		kinds := make([]string, 0, len(s.ReconciliationItems))
+		open := 0
+		for k, n := range s.ReconciliationItems {
+			if n != 0 {
+				kinds = append(kinds, k)
+				open += n
+			}
+		}
+		sort.Strings(kinds)
+		fmt.Fprintf(w, "  open findings     %d", open)
+		for _, k := range kinds {
+			fmt.Fprintf(w, " %s=%d", k, s.ReconciliationItems[k])
+		}
+		if open != 0 {
+			fmt.Fprint(w, "   (auroractl reconcile list, with --keep-database)")
+		}
+		fmt.Fprintln(w)
+	}
 	if kept {
 		fmt.Fprintf(w, "  database          %s (kept: drop it with DROP DATABASE when done)\n", s.Database)
 	}
