@@ -240,11 +240,15 @@ func renderStatus(w io.Writer, s gauge.Snapshot, lines []StatusLine) error {
 	return nil
 }
 
-// statusAge shows an age in seconds to the second ("1h2m3s"), and "-" for
-// none (an age of 0 means no such item).
+// statusAge shows an age in seconds to the second ("1h2m3s"), "<1s" for
+// one younger than half a second, and "-" for none (an age of 0 means no
+// such item).
 func statusAge(seconds float64) string {
 	if seconds <= 0 {
 		return "-"
+	}
+	if seconds < 0.5 {
+		return "<1s"
 	}
 	return time.Duration(math.Round(seconds) * float64(time.Second)).String()
 }
