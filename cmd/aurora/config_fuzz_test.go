@@ -74,7 +74,8 @@ func FuzzConfigLoad(f *testing.F) {
 				continue // a URL-shaped value of another variable holds no password of ours
 			}
 			if u, err := url.Parse(value); err == nil {
-				if p, ok := u.User.Password(); ok {
+				// a password also spelled in the host or path is shown there
+				if p, ok := u.User.Password(); ok && !strings.Contains(u.Host+u.Path+u.RawQuery, p) {
 					secretOf[p] = name
 				}
 			} else if _, rest, ok := strings.Cut(value, "://"); ok { // unparseable, but shaped like one
