@@ -21,11 +21,11 @@ func newInboxCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "inbox",
-		Short: "Inspect the Stripe webhook inbox and requeue single dead letters (seed 003)",
+		Short: "Inspect the Stripe webhook inbox, requeue single dead letters, resolve same-second ambiguities, map prices to plans",
 	}
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print JSON on stdout")
 	cmd.AddCommand(newInboxInventoryCmd(&asJSON), newInboxListCmd(&asJSON), newInboxInspectCmd(&asJSON), newInboxRequeueCmd(&asJSON),
-		newInboxPlansCmd(&asJSON))
+		newInboxPlansCmd(&asJSON), newInboxResolveCmd(&asJSON))
 	return cmd
 }
 

@@ -36,9 +36,8 @@ func TestPipelineWithRelay(t *testing.T) {
 		}
 		rows = append(rows, h.stage(it))
 	}
-	// The retry is recorded: pending again after an attempt (its dispatch
-	// moved on; by one, or by two when it was handed off and taken, which
-	// gives it a new dispatch too).
+	// The retry is recorded: pending again after an attempt, with a new
+	// dispatch the relay publishes once due.
 	h.await("retry of item 4", func() bool {
 		r := h.get(rows[4].ID)
 		return r.State == outbox.StatePending && r.Attempts >= 1

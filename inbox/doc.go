@@ -42,6 +42,9 @@
 //
 // Operators read the seed's inventory and act on one dead letter at a time
 // (ReadInventory, ListDeadLetters, Inspect, RequeueDeadLetter; auroractl
-// inbox). Logs carry counts and error classes, never payloads, customer ids
+// inbox), resolve a same-second ambiguity from Stripe's current object
+// (ReadAmbiguity, PlanResolution, ApplyResolution with a StripeProvider;
+// resolve.go) and maintain the price → plan table (ListPricePlans,
+// SetPricePlan; plans.go), each change audited with operator and reason. Logs carry counts and error classes, never payloads, customer ids
 // or signatures.
 package inbox

@@ -17,6 +17,7 @@ import (
 //	POST /_emulator/script     identifier=<id>&answers=<a,b,…>  queue scripted answers
 //	POST /_emulator/customers  id=<cus_…>    provision a customer with a fixed id
 //	POST /_emulator/forget-idempotency-keys  drop saved idempotent results
+//	POST /_emulator/subscriptions, /_emulator/invoices  tell an object's state (objects.go)
 //
 // A bad form value is 400 with Stripe's error shape and the typed error's
 // message.

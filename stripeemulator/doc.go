@@ -1,6 +1,8 @@
 // Package stripeemulator is a local, stateful emulator of the parts of the
 // Stripe API that aurora's export path uses: billing meter events, meter
-// event adjustments (cancel), meter event summaries, meters and customers.
+// event adjustments (cancel), meter event summaries, meters and customers,
+// and subscriptions and invoices in the states a test told it (objects.go:
+// what `auroractl inbox resolve --from-provider` reads as Stripe's truth).
 //
 // It is an http.Handler: run it in-process under net/http/httptest, or as a
 // server with `aurora stripe-emulator`. Requests and answers have Stripe's

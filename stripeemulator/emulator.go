@@ -194,7 +194,8 @@ type Emulator struct {
 	streamEvents int                // events received by the stream (processed requests)
 	streamDupes  int                // of which not applied again: identifier within the dedupe window
 
-	rec reconState // reconcile.go
+	rec  reconState // reconcile.go
+	told told       // objects.go
 
 	counts   map[Outcome]int
 	requests []RequestRecord
@@ -264,6 +265,7 @@ func New(cfg Config) (*Emulator, error) {
 	e.registerStream(mux)
 	e.registerControl(mux)
 	e.registerReconcile(mux)
+	e.registerObjects(mux)
 	mux.HandleFunc("/", e.authed(RouteUnknown, e.handleUnknown))
 	e.mux = mux
 	return e, nil
