@@ -52,6 +52,19 @@ func checkFlags(cmd *cobra.Command) error {
 	return bad
 }
 
+// checkArgs checks the positional arguments (an event id, an item id) as
+// free text, before the command runs: an argument Postgres cannot hold is
+// an ExitInvalidInput error naming its position, not a database error
+// (found by FuzzFlags).
+func checkArgs(args []string) error {
+	for i, a := range args {
+		if reason := freeText(a); reason != "" {
+			return invalidInput("argument %d %s", i+1, reason)
+		}
+	}
+	return nil
+}
+
 // freeText: valid UTF-8 (refused, never replaced), no NUL, at most
 // maxFreeTextBytes.
 func freeText(v string) string {

@@ -22,6 +22,7 @@ func TestFlagsRefusedNamingTheFlag(t *testing.T) {
 		{"feature with a space", []string{"provision", "meter", "--account", "acct_1", "--feature", "api calls"}, "--feature"},
 		{"NUL in a reason", []string{"cutover", "reschedule", "--feature", "api_calls", "--at", "2026-10-01T00:00:00Z",
 			"--expect-watermark", "2026-09-01T00:00:00Z", "--reason", "r\x00", "--evidence", "e"}, "--reason"},
+		{"NUL in an event id argument", []string{"inbox", "inspect", "evt_\x00b"}, "argument 1"},
 		{"newline in a key's tenant", []string{"key", "--tenant", "a\nb", "--subject-kind", "event", "--subject-ref", "event:1", "--destination-account", "acct_1"}, "--tenant"},
 	}
 	for _, tt := range tests {

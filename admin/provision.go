@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/aurora-billing/aurora/provision"
@@ -62,7 +63,7 @@ e.g. the emulator's URL).`,
 		return err
 	}
 
-	var account, mode string
+	var account, mode, exporter string
 	var confirmed bool
 	acct := &cobra.Command{
 		Use:   "account",
@@ -72,6 +73,9 @@ e.g. the emulator's URL).`,
 			if !identity.Mode(mode).Valid() {
 				return invalidInput("--mode must be test or live")
 			}
+			if !slices.Contains(provision.Exporters, exporter) {
+				return invalidInput("--exporter must be v1 or stream")
+			}
 			pool, err := openPool(cmd)
 			if err != nil {
 				return err
@@ -80,13 +84,23 @@ e.g. the emulator's URL).`,
 			if err := provision.Account(cmd.Context(), pool, account, identity.Mode(mode), confirmed); err != nil {
 				return provisionErr(err)
 			}
-			return out(cmd, map[string]any{"account": account, "mode": mode, "confirmed": confirmed},
-				fmt.Sprintf("account %s mode=%s confirmed=%v", account, mode, confirmed))
+			// A new account gets v1 unless --exporter says otherwise; an
+			// existing one keeps its exporter unless --exporter is given.
+			if cmd.Flags().Changed("exporter") {
+				if err := provision.SetExporter(cmd.Context(), pool, account, exporter); err != nil {
+					return provisionErr(err)
+				}
+			} else if err := pool.QueryRow(cmd.Context(), `SELECT exporter FROM stripe_accounts WHERE account_id = $1`, account).Scan(&exporter); err != nil {
+				return fmt.Errorf("provision account: %w", err)
+			}
+			return out(cmd, map[string]any{"account": account, "mode": mode, "confirmed": confirmed, "exporter": exporter},
+				fmt.Sprintf("account %s mode=%s confirmed=%v exporter=%s", account, mode, confirmed, exporter))
 		},
 	}
 	acct.Flags().StringVar(&account, "account", "", "Stripe account id (required)")
 	acct.Flags().StringVar(&mode, "mode", "test", "test|live")
 	acct.Flags().BoolVar(&confirmed, "confirmed", false, "an operator has confirmed this account")
+	acct.Flags().StringVar(&exporter, "exporter", "v1", "v1|stream: one meter event call per item, or Stripe's v2 meter event stream (batches of up to 100); an existing account keeps its own unless given")
 	_ = acct.MarkFlagRequired("account")
 
 	meter := newProvisionMeterCmd(&asJSON)

@@ -66,8 +66,11 @@ func NewRootCmd(streams IO) *cobra.Command {
 		fmt.Fprintf(cmd.OutOrStdout(), "configuration valid (actor %s)\n", Actor(""))
 		return errValidated
 	}
-	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
 		if err := checkFlags(cmd); err != nil {
+			return err
+		}
+		if err := checkArgs(args); err != nil {
 			return err
 		}
 		if validate {

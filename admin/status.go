@@ -126,7 +126,7 @@ func StatusLines(s gauge.Snapshot) []StatusLine {
 	add("outbox uncertain", float64(o.Items[outbox.StateUncertain]), "items", 0,
 		"auroractl recovery list --state uncertain   (then: auroractl recovery inspect <id>)", "AuroraUncertainItems")
 	add("outbox uncertain, oldest", o.UncertainOldestAgeSeconds, "seconds", 0,
-		"auroractl recovery list --state uncertain --older-than 1h", "AuroraUncertainItems")
+		"auroractl recovery list --state uncertain   (oldest first)", "AuroraUncertainItems")
 	add("outbox quarantined", float64(o.Items[outbox.StateQuarantined]), "items", 0,
 		"auroractl recovery list --state quarantined", "AuroraQuarantineGrowing")
 	for _, reason := range sortedKeys(o.QuarantinedByReason) {
@@ -240,11 +240,15 @@ func renderStatus(w io.Writer, s gauge.Snapshot, lines []StatusLine) error {
 	return nil
 }
 
-// statusAge shows an age in seconds to the second ("1h2m3s"), and "-" for
-// none (an age of 0 means no such item).
+// statusAge shows an age in seconds to the second ("1h2m3s"), "<1s" for
+// one younger than half a second, and "-" for none (an age of 0 means no
+// such item).
 func statusAge(seconds float64) string {
 	if seconds <= 0 {
 		return "-"
+	}
+	if seconds < 0.5 {
+		return "<1s"
 	}
 	return time.Duration(math.Round(seconds) * float64(time.Second)).String()
 }

@@ -149,7 +149,7 @@ func TestStatusLinesNeedAPersonOnlyPastTheirThreshold(t *testing.T) {
 }
 
 func TestStatusAgeShowsNoneAndWholeSeconds(t *testing.T) {
-	for in, want := range map[float64]string{0: "-", 0.4: "0s", 1.6: "2s", 3725.2: "1h2m5s"} {
+	for in, want := range map[float64]string{0: "-", 0.4: "<1s", 1.6: "2s", 3725.2: "1h2m5s"} {
 		if got := statusAge(in); got != want {
 			t.Errorf("statusAge(%v) = %q, want %q", in, got, want)
 		}

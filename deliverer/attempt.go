@@ -131,7 +131,24 @@ func (d *Deliverer) leaseBudget() time.Duration { return d.s.lease - d.s.lease/1
 func (d *Deliverer) attempt(ctx context.Context, msgs []groupMsg, crs []claimResult) {
 	start := time.Now()
 	recs := make([]record, len(crs))
+	// A stream account's items are not sent one call each: all of the
+	// group's go at once, and the exporter sends them (with other lanes')
+	// as one request of up to 100 events. The lane still runs one group at
+	// a time.
+	var wg sync.WaitGroup
 	for i, cr := range crs {
+		if cr.Item.Ctx.Exporter == ExporterStream {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				recs[i] = d.decide(ctx, cr)
+			}()
+		}
+	}
+	for i, cr := range crs {
+		if cr.Item.Ctx.Exporter == ExporterStream {
+			continue
+		}
 		if i > 0 && time.Since(start)+d.s.providerTimeout > d.leaseBudget() {
 			recs[i] = record{Item: cr.Item, Outcome: OutcomeRetry,
 				LastError: fmt.Sprintf("lease_budget: group ran %s of a %s lease; not sent", time.Since(start).Round(time.Millisecond), d.s.lease)}
@@ -139,6 +156,7 @@ func (d *Deliverer) attempt(ctx context.Context, msgs []groupMsg, crs []claimRes
 		}
 		recs[i] = d.decide(ctx, cr)
 	}
+	wg.Wait()
 	d.complete(msgs, crs, recs)
 }
 
@@ -183,7 +201,7 @@ func (d *Deliverer) decide(ctx context.Context, cr claimResult) record {
 // it was sent), not a dead process.
 func (d *Deliverer) call(ctx context.Context, c claimed) (res Result) {
 	req := Request{
-		ItemID: c.ItemID, Key: c.Key, EventName: *c.Ctx.EventName,
+		ItemID: c.ItemID, Account: c.Account, Via: c.Ctx.Exporter, Key: c.Key, EventName: *c.Ctx.EventName,
 		CustomerKey: deref(c.Ctx.CustomerKey, "stripe_customer_id"), ValueKey: deref(c.Ctx.ValueKey, "value"),
 		Customer: *c.Ctx.StripeCustomer, Value: c.Item.Quantity, Timestamp: c.Item.OccurredAt,
 	}

@@ -27,6 +27,7 @@ type sendContext struct {
 	ValueKey              *string
 	CurrentMappingVersion *int32
 	Watermark             *time.Time
+	Exporter              string // stripe_accounts.exporter; ExporterV1 without an account row
 }
 
 // checkItem is the part of a claimed row the pre-send checks read.

@@ -58,6 +58,8 @@ func (o Outcome) nextState() outbox.State {
 // outbox row and its meter mapping, so every attempt sends the same bytes.
 type Request struct {
 	ItemID      int64     // outbox_items.id, for logs only
+	Account     string    // outbox_items.destination_account (the stream keeps one session per account)
+	Via         string    // stripe_accounts.exporter: ExporterV1 ("v1") or ExporterStream ("stream")
 	Key         string    // idempotency key: Idempotency-Key and the event identifier
 	EventName   string    // meter_mappings.event_name
 	CustomerKey string    // payload key of the customer, meter_mappings.customer_key
@@ -78,6 +80,12 @@ type Result struct {
 	Message     string        // provider message, for outbox_attempts (never logged)
 	ProviderRef string        // set when accepted: Stripe request id, else the identifier
 }
+
+// The exporters a destination account can choose (stripe_accounts.exporter).
+const (
+	ExporterV1     = "v1"     // one v1 meter event call per item (stripeexport)
+	ExporterStream = "stream" // v2 meter event stream, batches of up to 100 (streamexport)
+)
 
 // Exporter sends one item to a provider and classifies the answer. It must
 // not retry by itself (the deliverer's policy owns retries) and must honour

@@ -82,13 +82,13 @@ peek AS (
 ),
 ctxk AS MATERIALIZED (
     SELECT c.tenant, c.destination_account, c.feature,
-           a.mode AS account_mode, a.confirmed AS account_confirmed, b.stripe_customer,
+           a.mode AS account_mode, a.confirmed AS account_confirmed, a.exporter AS account_exporter, b.stripe_customer,
            m.meter_id, m.event_name, m.customer_key, m.value_key, m.mapping_version AS current_mapping_version,
            w.watermark
     FROM (SELECT DISTINCT tenant, destination_account, feature FROM cand) c
     -- One primary-key lookup each (LATERAL, LIMIT 1 so the planner keeps it a lookup).
     LEFT JOIN LATERAL (
-        SELECT a.mode, a.confirmed FROM stripe_accounts a WHERE a.account_id = c.destination_account LIMIT 1
+        SELECT a.mode, a.confirmed, a.exporter FROM stripe_accounts a WHERE a.account_id = c.destination_account LIMIT 1
     ) a ON true
     LEFT JOIN LATERAL (
         SELECT b.stripe_customer FROM tenant_billing b
@@ -105,7 +105,7 @@ ctxk AS MATERIALIZED (
     ) w ON true
 ),
 ctx AS MATERIALIZED (
-    SELECT c.id, k.account_mode, k.account_confirmed, k.stripe_customer, k.meter_id, k.event_name,
+    SELECT c.id, k.account_mode, k.account_confirmed, k.account_exporter, k.stripe_customer, k.meter_id, k.event_name,
            k.customer_key, k.value_key, k.current_mapping_version, k.watermark
     FROM cand c JOIN ctxk k USING (tenant, destination_account, feature)
 ),
@@ -137,7 +137,7 @@ gone AS (
 SELECT r.id, clk.now, p.id IS NOT NULL, p.state, p.dispatch, p.exporter, p.idempotency_key, p.next_attempt_at, p.lease_expires_at,
        u.id IS NOT NULL, u.lease_token, u.attempts, u.first_attempt_at, u.lease_expires_at, u.destination_account,
        u.subject_kind, u.mode, u.mapping_version, u.quantity, u.occurred_at, u.period_start,
-       x.account_mode, x.account_confirmed, x.stripe_customer, x.meter_id, x.event_name, x.customer_key, x.value_key,
+       x.account_mode, x.account_confirmed, x.account_exporter, x.stripe_customer, x.meter_id, x.event_name, x.customer_key, x.value_key,
        x.current_mapping_version, x.watermark
 FROM req r
 CROSS JOIN clk
@@ -260,16 +260,18 @@ func claimItems(ctx context.Context, db DB, p claimParams) ([]claimResult, error
 			quantity                 *int64
 			occurredAt, periodStart  *time.Time
 			sc                       sendContext
+			accountExporter          *string
 		)
 		err := rows.Scan(&id,
 			&r.Now, &found, &state, &dispatch, &exp, &key, &nextAttempt, &peekLeaseExp,
 			&leased, &token, &attempts, &firstAttempt, &leaseExp, &account,
 			&kind, &mode, &mappingVersion, &quantity, &occurredAt, &periodStart,
-			&sc.AccountMode, &sc.AccountConfirmed, &sc.StripeCustomer, &sc.MeterID, &sc.EventName, &sc.CustomerKey, &sc.ValueKey,
+			&sc.AccountMode, &sc.AccountConfirmed, &accountExporter, &sc.StripeCustomer, &sc.MeterID, &sc.EventName, &sc.CustomerKey, &sc.ValueKey,
 			&sc.CurrentMappingVersion, &sc.Watermark)
 		if err != nil {
 			return nil, fmt.Errorf("deliverer: claim: scan: %w", err)
 		}
+		sc.Exporter = deref(accountExporter, ExporterV1)
 		req := byReq[id]
 		if !found {
 			r.Verdict = verdictNotFound
@@ -393,8 +395,10 @@ type recordParams struct {
 	Records []record
 }
 
-// lastErrorMax bounds last_error and an attempt's error_message, in bytes
-// (cut on a UTF-8 character boundary: truncateUTF8).
+// lastErrorMax bounds last_error, provider_ref and an attempt's
+// stripe_request_id, error_code and error_message, in bytes (cut on a UTF-8
+// character boundary, NUL and invalid bytes replaced: truncateUTF8), so no
+// exporter's answer can fail the outcome batch in Postgres.
 const lastErrorMax = 500
 
 func (p recordParams) args() pgx.NamedArgs {
@@ -422,10 +426,10 @@ func (p recordParams) args() pgx.NamedArgs {
 		}
 		lastErrs[i] = str(truncateUTF8(r.LastError, lastErrorMax))
 		if r.Outcome == OutcomeAccepted {
-			refs[i] = str(r.Result.ProviderRef)
+			refs[i] = str(truncateUTF8(r.Result.ProviderRef, lastErrorMax))
 		}
-		reqIDs[i] = str(r.Result.RequestID)
-		codes[i] = str(r.Result.ErrorCode)
+		reqIDs[i] = str(truncateUTF8(r.Result.RequestID, lastErrorMax))
+		codes[i] = str(truncateUTF8(r.Result.ErrorCode, lastErrorMax))
 		msgs[i] = str(truncateUTF8(r.Result.Message, lastErrorMax))
 		if r.Result.HTTPStatus != 0 {
 			st := int32(r.Result.HTTPStatus)

@@ -8,9 +8,13 @@ import (
 // truncateUTF8 returns s cut to at most n bytes without splitting a UTF-8
 // character (Postgres refuses a text value with a broken sequence, and one
 // such value fails a whole outcome batch). Invalid bytes already in s are
-// replaced by U+FFFD first, for the same reason.
+// replaced by U+FFFD first, for the same reason, and so is NUL, which
+// Postgres text cannot hold at all.
 func truncateUTF8(s string, n int) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	}
 	if len(s) <= n {
 		return s
 	}

@@ -26,10 +26,12 @@ import (
 	"time"
 
 	"github.com/aurora-billing/aurora/deliverer"
+	"github.com/aurora-billing/aurora/deliverer/streamexport"
 	"github.com/aurora-billing/aurora/deliverer/stripeexport"
 	"github.com/aurora-billing/aurora/demo/feed"
 	"github.com/aurora-billing/aurora/migrations"
 	"github.com/aurora-billing/aurora/provision"
+	"github.com/aurora-billing/aurora/reconciler"
 	"github.com/aurora-billing/aurora/relay"
 	"github.com/aurora-billing/aurora/shared/config"
 	"github.com/aurora-billing/aurora/shared/natstest"
@@ -47,15 +49,29 @@ import (
 
 // Options configure one demo run.
 type Options struct {
-	DatabaseURL  string // server to create the demo database on (AURORA_DATABASE_URL)
-	NATSURL      string // "" = embedded JetStream (AURORA_NATS_URL)
-	StripeKey    string // with StripeBase: send to that Stripe instead of the emulator
-	StripeBase   string
-	Account      string // destination account (AURORA_STRIPE_ACCOUNT)
-	Input        string // access log or JSONL file; "" = the generator
-	RebaseTime   bool   // shift input so the newest timestamp is now
-	Faults       string // emulator faults, e.g. "drop-after-apply=0.1,http500=0.1"
-	Deliverers   int    // deliverer instances (default 2)
+	DatabaseURL string // server to create the demo database on (AURORA_DATABASE_URL)
+	NATSURL     string // "" = embedded JetStream (AURORA_NATS_URL)
+	StripeKey   string // with StripeBase: send to that Stripe instead of the emulator
+	StripeBase  string
+	Account     string // destination account (AURORA_STRIPE_ACCOUNT)
+	Input       string // access log or JSONL file; "" = the generator
+	// RebaseTime shifts the input so its newest timestamp is the last
+	// second of the hour before the run: relative order and spacing kept,
+	// and every hourly summary window of the input already ended, so the
+	// reconciliation at the end of the run can compare (and confirm) all
+	// of it.
+	RebaseTime bool
+	// SkipReconcile: end without the reconciliation run (items stay
+	// accepted, never confirmed).
+	SkipReconcile bool
+	Faults        string // emulator faults, e.g. "drop-after-apply=0.1,http500=0.1"
+	// Exporter: the destination account's exporter, "v1" (default) or
+	// "stream" (Stripe's v2 meter event stream).
+	Exporter string
+	// SessionTTL: the emulator's v2 session token lifetime (0 = 15 min);
+	// short values make tokens expire mid-run.
+	SessionTTL   time.Duration
+	Deliverers   int // deliverer instances (default 2)
 	Timeout      time.Duration
 	KeepDatabase bool
 	Seed         uint64 // generator and emulator seed
@@ -90,10 +106,22 @@ type Summary struct {
 	Provider                      string           `json:"provider"`
 	Faults                        string           `json:"faults"`
 	ProviderRequests              map[string]int   `json:"provider_requests"`
+	Exporter                      string           `json:"exporter"`                  // v1 or stream
+	StreamEvents                  int              `json:"stream_events,omitempty"`   // events in stream requests the emulator processed (resends included)
+	StreamSessions                int64            `json:"stream_sessions,omitempty"` // v2 sessions our clients created (first, refreshed, after an expired answer)
 	Database                      string           `json:"database"`
 	Drained                       bool             `json:"drained"`
 	ElapsedSeconds                float64          `json:"elapsed_seconds"`
 	ItemsPerSecond                float64          `json:"items_per_second"`
+	// ReconciliationItems: open reconciliation items by kind after the
+	// demo's reconciliation run, every kind present (0 when none); all 0
+	// is a run whose provider holds exactly what was committed.
+	ReconciliationItems map[string]int `json:"reconciliation_items"`
+	// Reconciliation: what that run compared, confirmed and found; nil when
+	// skipped (SkipReconcile, or the run did not drain).
+	Reconciliation *reconciler.RunReport `json:"reconciliation,omitempty"`
+	// ReconcileSeconds: how long that run took (not in ElapsedSeconds).
+	ReconcileSeconds float64 `json:"reconcile_seconds"`
 }
 
 // Rejected is a well-formed input event the usage API refused (a correction
@@ -149,7 +177,8 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 	}
 	log := o.Logger
 	sum := &Summary{ItemsByState: map[string]int{}, QuarantinedByReason: map[string]int{}, CommittedQuantity: map[string]int64{},
-		ProviderAppliedQuantity: map[string]int64{}, ProviderRequests: map[string]int{}, FirstMalformed: []feed.Malformed{}, FirstRejected: []Rejected{}}
+		ProviderAppliedQuantity: map[string]int64{}, ProviderRequests: map[string]int{}, FirstMalformed: []feed.Malformed{}, FirstRejected: []Rejected{},
+		ReconciliationItems: map[string]int{}}
 	for _, s := range outbox.States {
 		sum.ItemsByState[string(s)] = 0
 	}
@@ -164,7 +193,7 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 		sum.Input = filepath.Base(o.Input)
 	}
 	if o.RebaseTime {
-		res.Rebase(time.Now().UTC())
+		res.Rebase(RebaseInstant(time.Now()))
 	}
 	sum.UsageEvents, sum.MalformedLines, sum.Tenants = len(res.Events), res.MalformedLines, res.Tenants
 	sum.FirstMalformed = append(sum.FirstMalformed, res.FirstMalformed...)
@@ -225,7 +254,7 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 		if err != nil {
 			return nil, err
 		}
-		emu, err = stripeemulator.New(stripeemulator.Config{Faults: faults, Seed: o.Seed})
+		emu, err = stripeemulator.New(stripeemulator.Config{Faults: faults, Seed: o.Seed, SessionTTL: o.SessionTTL})
 		if err != nil {
 			return nil, err
 		}
@@ -247,6 +276,10 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 	api := provision.NewAPI(key, base, nil)
 	mode := stripeexport.KeyMode(key)
 	if err := provision.Account(ctx, pool, o.Account, mode, true); err != nil {
+		return nil, err
+	}
+	sum.Exporter = cmp.Or(o.Exporter, deliverer.ExporterV1)
+	if err := provision.SetExporter(ctx, pool, o.Account, sum.Exporter); err != nil {
 		return nil, err
 	}
 	eventNames := map[string]string{}
@@ -279,9 +312,20 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 		dcfg = *o.Deliverer
 	}
 	dcfg.Outbox = o.Outbox
-	exp, err := stripeexport.New(stripeexport.Config{APIKey: key, APIBase: base}, time.Duration(dcfg.ProviderTimeoutSeconds)*time.Second, dcfg.Concurrency)
+	v1, err := stripeexport.New(stripeexport.Config{APIKey: key, APIBase: base}, time.Duration(dcfg.ProviderTimeoutSeconds)*time.Second, dcfg.Concurrency)
 	if err != nil {
 		return nil, err
+	}
+	// One stream exporter (one session per account) per deliverer process,
+	// as separate processes would have.
+	streams := make([]*streamexport.Exporter, o.Deliverers)
+	for i := range streams {
+		if streams[i], err = streamexport.New(streamexport.Config{Client: streamexport.ClientConfig{APIKey: key, APIBase: base,
+			Timeout: time.Duration(dcfg.ProviderTimeoutSeconds) * time.Second, MaxConns: dcfg.Concurrency,
+			Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"instance": fmt.Sprint(i)}, reg)}}); err != nil {
+			return nil, err
+		}
+		defer streams[i].Close()
 	}
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
@@ -298,6 +342,7 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 	}
 	start("relay", rl.Run)
 	for i := range o.Deliverers {
+		exp := streamexport.Router{V1: v1, Stream: streams[i]}
 		d, err := deliverer.New(pool, js, exp, dcfg, deliverer.WithLogger(log), deliverer.WithRegisterer(prometheus.WrapRegistererWith(prometheus.Labels{"instance": fmt.Sprint(i)}, reg)))
 		if err != nil {
 			return nil, err
@@ -329,8 +374,38 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	sum.Drained = drained
+	for _, s := range streams {
+		sum.StreamSessions += s.Client().Refreshes()
+	}
 
-	// 8. What was committed, against what the provider applied.
+	// The emulator's request counts are the delivery's: taken before the
+	// reconciliation's own reads (summaries, invoices) add to them.
+	var deliveryCounts map[stripeemulator.Outcome]int
+	if emu != nil {
+		deliveryCounts = emu.Counts()
+	}
+
+	// 8. Reconcile what was sent against the provider's own records.
+	for _, k := range reconciler.Kinds {
+		sum.ReconciliationItems[string(k)] = 0
+	}
+	if drained && !o.SkipReconcile {
+		began := time.Now()
+		rep, err := reconcile(ctx, pool, o, key, base, emu != nil, res)
+		if err != nil {
+			return nil, err
+		}
+		sum.Reconciliation, sum.ReconcileSeconds = &rep, time.Since(began).Seconds()
+		open, err := reconciler.CountByKind(ctx, pool, reconciler.StateOpen)
+		if err != nil {
+			return nil, err
+		}
+		for k, n := range open {
+			sum.ReconciliationItems[string(k)] = n
+		}
+	}
+
+	// 9. What was committed, against what the provider applied.
 	if err := summarise(ctx, pool, sum); err != nil {
 		return nil, err
 	}
@@ -359,7 +434,8 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 			sum.ProviderAppliedQuantity[f] = total.Num().Int64()
 		}
 		sum.ProviderDuplicateApplications = len(emu.DuplicateApplications())
-		for k, v := range emu.Counts() {
+		sum.StreamEvents = emu.Stats().StreamEvents
+		for k, v := range deliveryCounts {
 			sum.ProviderRequests[string(k)] = v
 		}
 	}
@@ -625,6 +701,53 @@ func waitDrained(ctx context.Context, pool *pgxpool.Pool, reg prometheus.Gathere
 		case <-tick.C:
 		}
 	}
+}
+
+// RebaseInstant is where Options.RebaseTime puts the input's newest
+// timestamp: the last second of the hour before now, so every hourly
+// window the input touches has ended when the run begins.
+func RebaseInstant(now time.Time) time.Time {
+	return now.UTC().Truncate(time.Hour).Add(-time.Second)
+}
+
+// Demo reconciliation knobs. Against the demo's own emulator the summaries
+// are complete as soon as an event is applied (no summary lag unless a
+// test sets one), so the settle lag is 0 and the pace is not Stripe's: a
+// real Stripe keeps the service's defaults (an hour's settle lag; 20
+// requests a second), so a demo against it confirms only windows older
+// than an hour.
+const (
+	demoReconcileRPS     = 2000
+	demoReconcileTimeout = 10 * time.Second
+)
+
+// reconcile runs one provider reconciliation over the whole input: the
+// lookback covers its oldest event (within the reconciler's 840 h).
+func reconcile(ctx context.Context, pool *pgxpool.Pool, o Options, key, base string, emulated bool, res *feed.Result) (reconciler.RunReport, error) {
+	settle, rps := reconciler.SettleLagDefault, reconciler.RequestsPerSecondDefault
+	if emulated {
+		settle, rps = 0, demoReconcileRPS
+	}
+	lookback := reconciler.LookbackDefault
+	now := time.Now()
+	for _, e := range res.Events {
+		if span := now.Sub(e.OccurredAt) + 2*time.Hour; span > lookback {
+			lookback = span
+		}
+	}
+	lookback = min(lookback.Truncate(time.Hour), 840*time.Hour)
+	provider, err := reconciler.NewStripeProvider(reconciler.StripeConfig{APIKey: key, APIBase: base}, rps, demoReconcileTimeout)
+	if err != nil {
+		return reconciler.RunReport{}, err
+	}
+	r := reconciler.New(pool, provider, reconciler.Options{
+		Account: o.Account, SettleLag: settle, Lookback: lookback, RequestsPerSecond: rps, Log: o.Logger,
+	})
+	rep, err := r.Run(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("demo: reconcile: %w", err)
+	}
+	return rep, nil
 }
 
 // terminalOutcomes sums the deliverers' terminal outcomes (accepted,

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"github.com/aurora-billing/aurora/reconciler"
 	"os"
 	"path/filepath"
 	"strings"
@@ -66,6 +67,25 @@ func assertBalanced(t *testing.T, s *Summary) {
 	}
 }
 
+// assertReconciledClean: the demo's reconciliation ran, compared windows,
+// matched every one, and left no reconciliation item open (every kind
+// reported, all 0).
+func assertReconciledClean(t *testing.T, s *Summary) {
+	t.Helper()
+	r := s.Reconciliation
+	if r == nil || r.WindowsCompared == 0 || r.WindowsMatched != r.WindowsCompared || r.WindowsUnsettled != 0 || r.ItemsConfirmed != s.ItemsStaged {
+		t.Fatalf("reconciliation %+v, %d items staged", r, s.ItemsStaged)
+	}
+	if len(s.ReconciliationItems) != len(reconciler.Kinds) {
+		t.Fatalf("reconciliation_items %v: want every kind", s.ReconciliationItems)
+	}
+	for k, n := range s.ReconciliationItems {
+		if n != 0 {
+			t.Fatalf("reconciliation_items %s = %d, want none open: %v", k, n, s.ReconciliationItems)
+		}
+	}
+}
+
 // Must show (issue 5): the shared access log, rebased: nothing pending or
 // leased, applied = committed per feature, no identifier applied twice.
 func TestDemoAccessLogRebased(t *testing.T) {
@@ -77,9 +97,12 @@ func TestDemoAccessLogRebased(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertBalanced(t, s)
-	if s.UsageEvents != 19331 || s.ItemsStaged != 19331 || s.Tenants != 1753 || s.ItemsByState["accepted"] != 19331 {
+	// Issue 14's must-show: every accepted item ends confirmed, on the
+	// provider's own summaries, and no reconciliation item is open.
+	if s.UsageEvents != 19331 || s.ItemsStaged != 19331 || s.Tenants != 1753 || s.ItemsByState["confirmed"] != 19331 || s.ItemsByState["accepted"] != 0 {
 		t.Fatalf("%+v", s)
 	}
+	assertReconciledClean(t, s)
 	if s.CommittedQuantity["api_calls"] != 10000 {
 		t.Fatalf("api_calls committed %d, want one per request", s.CommittedQuantity["api_calls"])
 	}
@@ -96,9 +119,10 @@ func TestDemoWithFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertBalanced(t, s)
-	if s.ItemsByState["accepted"] != s.ItemsStaged {
+	if s.ItemsByState["confirmed"] != s.ItemsStaged {
 		t.Fatalf("%+v", s.ItemsByState)
 	}
+	assertReconciledClean(t, s)
 	if s.ProviderRequests["dropped"] == 0 || s.ProviderRequests["server_error"] == 0 || s.ProviderRequests["rate_limited"] == 0 {
 		t.Fatalf("faults not exercised: %v", s.ProviderRequests)
 	}

@@ -39,7 +39,7 @@ func TestDemoHostileJSONL(t *testing.T) {
 		s.FirstRejected[1].Line != 14 || !strings.Contains(s.FirstRejected[1].Reason, "corrected_event_unknown") {
 		t.Fatalf("rejected %d %+v", s.RejectedEvents, s.FirstRejected)
 	}
-	if s.ItemsStaged != 4 || s.ItemsByState["accepted"] != 4 {
+	if s.ItemsStaged != 4 || s.ItemsByState["accepted"]+s.ItemsByState["confirmed"] != 4 {
 		t.Fatalf("items %d %+v, want the 4 good lines accepted", s.ItemsStaged, s.ItemsByState)
 	}
 	if s.CommittedQuantity["api_calls"] != 3+999_999_999_999_999+7 || s.CommittedQuantity["egress_bytes"] != 5 {

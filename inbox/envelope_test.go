@@ -62,3 +62,29 @@ func TestWebhookUnstorableEnvelopeIs422(t *testing.T) {
 		t.Fatal("an id reached the log")
 	}
 }
+
+// A verified event whose created lies past year 9999 is stored with no
+// created time, not with an overflowed one (9223372036854775807 became
+// 1969-12-31T23:59:59Z; found by FuzzReadEnvelope); a header whose first t= is old and whose
+// last t= is the signed one is judged on the signed one (FuzzSignatureHeader).
+func TestWebhookCreatedOutOfRangeStored(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for i, created := range []string{`99999999999999`, `"10000-01-01T00:00:00Z"`, `9223372036854775807`} {
+		body := []byte(`{"id":"evt_far` + strings.Repeat("x", i) + `","type":"invoice.paid","created":` + created + `}`)
+		if rec := post(t, e.handler, body, testSecret, time.Now()); rec.Code != http.StatusOK {
+			t.Fatalf("created %s: %d %s, want 200", created, rec.Code, rec.Body)
+		}
+	}
+	if n := e.count(`SELECT count(*) FROM billing_events WHERE event_created IS NULL`); n != 3 {
+		t.Fatalf("stored without created: %d, want 3", n)
+	}
+	if ts, ok := signatureTimestamp("t=1,t=1700000000,v1=ab"); !ok || ts.Unix() != 1700000000 {
+		t.Fatalf("signatureTimestamp read %v %v, want the last t=", ts, ok)
+	}
+	for _, bad := range []string{"t=1=2,v1=ab", "t=x,v1=ab", "v1=ab"} {
+		if _, ok := signatureTimestamp(bad); ok {
+			t.Fatalf("signatureTimestamp accepted %q", bad)
+		}
+	}
+}

@@ -224,16 +224,28 @@ func readEnvelope(body []byte) (Received, error) {
 	return rec, nil
 }
 
-// signatureTimestamp reads t= of a Stripe-Signature header.
+// signatureTimestamp reads t= of a Stripe-Signature header exactly as
+// stripe-go's verifier does (webhook.parseSignatureHeader): comma-separated
+// key=value pairs, a pair that is not exactly one key and one value makes
+// the header invalid, and the last t= wins. Reading the first t= instead
+// (as this did) let "t=1,t=<future>,v1=<signature of the future time>"
+// pass the future check with a time the signature does not cover (found by
+// FuzzSignatureHeader).
 func signatureTimestamp(header string) (time.Time, bool) {
-	for _, part := range strings.Split(header, ",") {
-		if v, ok := strings.CutPrefix(part, "t="); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
+	var ts time.Time
+	found := false
+	for _, pair := range strings.Split(header, ",") {
+		parts := strings.Split(pair, "=")
+		if len(parts) != 2 {
+			return time.Time{}, false
+		}
+		if parts[0] == "t" {
+			n, err := strconv.ParseInt(parts[1], 10, 64)
 			if err != nil {
 				return time.Time{}, false
 			}
-			return time.Unix(n, 0), true
+			ts, found = time.Unix(n, 0), true
 		}
 	}
-	return time.Time{}, false
+	return ts, found
 }

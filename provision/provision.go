@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/aurora-billing/aurora/shared/field"
@@ -68,6 +69,32 @@ func Account(ctx context.Context, pool *pgxpool.Pool, accountID string, mode ide
 			updated_at = now()`, accountID, string(mode), confirmed)
 	if err != nil {
 		return fmt.Errorf("provision: account: %w", err)
+	}
+	return nil
+}
+
+// Exporters a destination account can choose (stripe_accounts.exporter,
+// migration 00306): "v1" (one meter event call per item, the default) or
+// "stream" (the v2 meter event stream, batches of up to 100).
+var Exporters = []string{"v1", "stream"}
+
+// SetExporter chooses the exporter of an existing account (a *FieldError,
+// ErrInvalid, for an exporter not in Exporters or a bad account id;
+// ErrNotFound-wrapping error for an account not provisioned). Items already
+// accepted keep their key; the next claim of each pending item uses it.
+func SetExporter(ctx context.Context, pool *pgxpool.Pool, accountID, exporter string) error {
+	if err := checkAccount(accountID); err != nil {
+		return err
+	}
+	if !slices.Contains(Exporters, exporter) {
+		return &FieldError{Field: "exporter", Reason: "must be v1 or stream"}
+	}
+	tag, err := pool.Exec(ctx, `UPDATE stripe_accounts SET exporter = $2, updated_at = now() WHERE account_id = $1`, accountID, exporter)
+	if err != nil {
+		return fmt.Errorf("provision: account exporter: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return &FieldError{Field: "account", Reason: "not provisioned"}
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/sync/errgroup"
 )
 
 // invoices compares the metered lines of every finalized invoice of the
@@ -24,11 +25,22 @@ func (ru *run) invoices(ctx context.Context, l *ledger) error {
 		customers = append(customers, c)
 	}
 	slices.Sort(customers)
-	for _, cust := range customers {
-		invs, err := ru.r.provider.FinalizedInvoices(ctx, cust, ru.from)
-		if err != nil {
+	// Fetched ProviderConcurrency at a time, compared in order on this
+	// goroutine (invoiceLine writes the run's state).
+	fetched := make([][]Invoice, len(customers))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(ProviderConcurrency)
+	for i, cust := range customers {
+		g.Go(func() error {
+			invs, err := ru.r.provider.FinalizedInvoices(gctx, cust, ru.from)
+			fetched[i] = invs
 			return err
-		}
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	for _, invs := range fetched {
 		for _, inv := range invs {
 			for _, line := range inv.Lines {
 				if err := ru.invoiceLine(ctx, l, mapped, inv, line); err != nil {

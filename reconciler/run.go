@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/sync/errgroup"
 )
 
 // Options configure a Reconciler.
@@ -88,6 +89,13 @@ type RunReport struct {
 	Findings       map[Kind]int `json:"findings_by_kind"`
 	ItemsOpen      int          `json:"items_open"`
 }
+
+// ProviderConcurrency: provider calls of one run in flight at once. The
+// pace is still the provider's (RequestsPerSecond, one limiter for all of
+// them); this only stops one slow answer from idling the run, so a run over
+// thousands of customers takes customers / RequestsPerSecond, not the sum
+// of their latencies.
+const ProviderConcurrency = 8
 
 // runLockKey is the advisory lock that keeps runs from interleaving.
 const runLockKey = 0x7265636f6e // "recon"
@@ -247,32 +255,48 @@ func (ru *run) summaries(ctx context.Context, l *ledger) error {
 		}
 	}
 	hourEnd := hourOf(ru.cutoff)
-	for _, k := range order {
-		items := pairs[k]
-		var got []Summary
-		unknown := false
-		ask := func(start, end time.Time, hourly bool) error {
-			s, err := ru.r.provider.EventSummaries(ctx, k.meter, k.customer, start, end, hourly)
-			if errors.Is(err, ErrUnknownCustomer) {
-				unknown, s, err = true, zeros(start, end, hourly), nil
-			}
-			got = append(got, s...)
-			return err
-		}
-		if hourEnd.After(ru.from) {
-			if err := ask(ru.from, hourEnd, true); err != nil {
+	// Fetch every pair's summaries, ProviderConcurrency calls at a time
+	// (all paced by the provider's one limiter), then compare in order:
+	// compare writes the run's state and runs on this goroutine only.
+	type fetched struct {
+		got     []Summary
+		unknown bool
+	}
+	results := make([]fetched, len(order))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(ProviderConcurrency)
+	for i, k := range order {
+		g.Go(func() error {
+			f := &results[i]
+			ask := func(start, end time.Time, hourly bool) error {
+				s, err := ru.r.provider.EventSummaries(gctx, k.meter, k.customer, start, end, hourly)
+				if errors.Is(err, ErrUnknownCustomer) {
+					f.unknown, s, err = true, zeros(start, end, hourly), nil
+				}
+				f.got = append(f.got, s...)
 				return err
 			}
-		}
-		if ru.cutoff.After(hourEnd) && !hourEnd.Before(ru.from) {
-			if err := ask(hourEnd, ru.cutoff, false); err != nil {
-				return err
+			if hourEnd.After(ru.from) {
+				if err := ask(ru.from, hourEnd, true); err != nil {
+					return err
+				}
 			}
-		}
-		if unknown {
+			if ru.cutoff.After(hourEnd) && !hourEnd.Before(ru.from) {
+				if err := ask(hourEnd, ru.cutoff, false); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	for i, k := range order {
+		if results[i].unknown {
 			ru.unknownCustomers[k.customer] = true
 		}
-		ru.compare(l, k, features[k.meter], items, got)
+		ru.compare(l, k, features[k.meter], pairs[k], results[i].got)
 	}
 	return nil
 }

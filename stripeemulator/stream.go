@@ -153,6 +153,20 @@ func (e *Emulator) handleStream(w http.ResponseWriter, r *http.Request) {
 }
 
 func (e *Emulator) stream(c *call) reply {
+	buf, err := io.ReadAll(http.MaxBytesReader(c.w, c.r.Body, maxStreamBodyBytes))
+	if err != nil {
+		return errReply(invalidRequest("", "", "Could not read the request body (at most %d bytes of JSON).", maxStreamBodyBytes), OutcomeInvalid)
+	}
+	c.bodySum = sha256.Sum256(buf)
+	// The request log names the identifiers of every request, refused
+	// ones included (a resend after an expired session is visible).
+	var peek streamBody
+	if json.Unmarshal(buf, &peek) == nil && len(peek.Events) > 0 && len(peek.Events) <= MaxStreamEvents {
+		for _, ev := range peek.Events {
+			c.identifiers = append(c.identifiers, strings.Clone(ev.Identifier))
+		}
+		c.identifier = c.identifiers[0]
+	}
 	tok, _ := strings.CutPrefix(c.r.Header.Get("Authorization"), "Bearer ")
 	tok = strings.TrimSpace(tok)
 	e.mu.Lock()
@@ -168,11 +182,6 @@ func (e *Emulator) stream(c *call) reply {
 	}
 	c.apiKey, c.livemode = s.apiKey, s.livemode
 
-	buf, err := io.ReadAll(http.MaxBytesReader(c.w, c.r.Body, maxStreamBodyBytes))
-	if err != nil {
-		return errReply(invalidRequest("", "", "Could not read the request body (at most %d bytes of JSON).", maxStreamBodyBytes), OutcomeInvalid)
-	}
-	c.bodySum = sha256.Sum256(buf)
 	var body streamBody
 	dec := json.NewDecoder(bytes.NewReader(buf))
 	dec.DisallowUnknownFields()

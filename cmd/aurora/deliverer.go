@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/aurora-billing/aurora/deliverer"
+	"github.com/aurora-billing/aurora/deliverer/streamexport"
 	"github.com/aurora-billing/aurora/deliverer/stripeexport"
 	"github.com/aurora-billing/aurora/shared/config"
 	"github.com/aurora-billing/aurora/shared/ops"
@@ -21,6 +22,11 @@ type delivererConfig struct {
 	config.NATS
 	deliverer.Config
 	Stripe stripeexport.Config
+	// StreamBase: the v2 meter event stream host for accounts provisioned
+	// --exporter stream. AURORA_STRIPE_STREAM_BASE, default "": Stripe's
+	// https://meter-events.stripe.com, or AURORA_STRIPE_API_BASE when that
+	// is not Stripe's (the emulator serves both).
+	StreamBase string `env:"STRIPE_STREAM_BASE"`
 	// DBConns: Postgres connections of the pool (each item needs two short
 	// statements; calls hold none). AURORA_DELIVERER_DB_CONNS, default 16,
 	// 2..256.
@@ -34,7 +40,11 @@ type delivererConfig struct {
 func (c *delivererConfig) Validate() error {
 	var addr error
 	addr = config.ListenAddr("DELIVERER_HTTP_ADDR", c.HTTPAddr, true)
-	return errors.Join(c.Database.Validate(), c.NATS.Validate(), c.Config.Validate(), c.Stripe.Validate(),
+	var stream error
+	if c.StreamBase != "" {
+		stream = config.URL("STRIPE_STREAM_BASE", c.StreamBase, "http", "https")
+	}
+	return errors.Join(c.Database.Validate(), c.NATS.Validate(), c.Config.Validate(), c.Stripe.Validate(), stream,
 		config.IntRange("DELIVERER_DB_CONNS", c.DBConns, 2, 256, "connections"), addr)
 }
 
@@ -54,7 +64,7 @@ It refuses to start on another deployment's stream, on a consumer another replic
 other filters, and on a database whose schema does not match this build. See docs/deliverer.md.
 
 Configuration: AURORA_DATABASE_URL, AURORA_NATS_URL, AURORA_STRIPE_API_KEY (never printed),
-AURORA_STRIPE_API_BASE, AURORA_STRIPE_TIMEOUT_SECONDS, AURORA_OUTBOX_LEASE_SECONDS,
+AURORA_STRIPE_API_BASE, AURORA_STRIPE_STREAM_BASE, AURORA_STRIPE_TIMEOUT_SECONDS, AURORA_OUTBOX_LEASE_SECONDS,
 AURORA_OUTBOX_MAX_ATTEMPTS, AURORA_OUTBOX_BACKOFF_BASE_SECONDS, AURORA_OUTBOX_BACKOFF_CAP_SECONDS,
 AURORA_UNCERTAINTY_HORIZON_SECONDS, AURORA_DELIVERER_CONCURRENCY, AURORA_DELIVERER_CONSUMER,
 AURORA_DELIVERER_FILTER_SUBJECT, AURORA_DELIVERER_ACK_WAIT_SECONDS, AURORA_DELIVERER_BUSY_DELAY_MS,
@@ -100,11 +110,21 @@ func runDeliverer(ctx context.Context, cfg delivererConfig) error {
 	if err != nil {
 		return fmt.Errorf("deliverer: jetstream: %w", err)
 	}
-	exp, err := stripeexport.New(cfg.Stripe, time.Duration(cfg.ProviderTimeoutSeconds)*time.Second, cfg.Concurrency)
+	v1, err := stripeexport.New(cfg.Stripe, time.Duration(cfg.ProviderTimeoutSeconds)*time.Second, cfg.Concurrency)
 	if err != nil {
 		return err
 	}
 	reg := ops.NewRegistry()
+	// Accounts provisioned --exporter stream are sent through the v2 meter
+	// event stream; its sessions (one per account) are made lazily.
+	stream, err := streamexport.New(streamexport.Config{Client: streamexport.ClientConfig{APIKey: cfg.Stripe.APIKey,
+		APIBase: cfg.Stripe.APIBase, StreamBase: cfg.StreamBase, Timeout: time.Duration(cfg.ProviderTimeoutSeconds) * time.Second,
+		MaxConns: cfg.Concurrency, Registerer: reg}})
+	if err != nil {
+		return err
+	}
+	defer stream.Close()
+	exp := streamexport.Router{V1: v1, Stream: stream}
 	d, err := deliverer.New(pool, js, exp, cfg.Config, deliverer.WithRegisterer(reg), deliverer.WithLogger(log))
 	if err != nil {
 		return err

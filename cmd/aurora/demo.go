@@ -80,6 +80,9 @@ and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS
 			if cfg.StripeKey != "" && o.Faults != "" {
 				return usageError{errors.New("--faults applies to the emulator only; unset AURORA_STRIPE_API_KEY to use it")}
 			}
+			if o.Exporter != "v1" && o.Exporter != "stream" {
+				return usageError{errors.New("--exporter must be v1 or stream")}
+			}
 			if _, err := stripeemulator.ParseFaults(o.Faults); err != nil {
 				return usageError{fmt.Errorf("--faults: %w", err)}
 			}
@@ -155,8 +158,11 @@ and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.Input, "input", "", "usage input: an Apache/nginx access log or JSONL file (default: the built-in generator)")
-	f.BoolVar(&o.RebaseTime, "rebase-time", false, "shift input timestamps so the newest lands at now")
+	f.BoolVar(&o.RebaseTime, "rebase-time", false, "shift input timestamps so the newest lands in the last second of the previous hour (every hourly window ended, so the run's reconciliation can confirm it)")
+	f.BoolVar(&o.SkipReconcile, "skip-reconcile", false, "end without the reconciliation run (items stay accepted, never confirmed)")
 	f.BoolVar(&asJSON, "json", false, "print the summary as JSON (a stable contract)")
+	f.StringVar(&o.Exporter, "exporter", "v1", "the demo account's exporter: v1 (one meter event call per item) or stream (Stripe's v2 meter event stream, batches of up to 100)")
+	f.DurationVar(&o.SessionTTL, "emulator-session-ttl", 0, "the emulator's v2 session token lifetime (0 = 15m); short values expire tokens mid-run")
 	f.StringVar(&o.Faults, "faults", "", "emulator faults, e.g. drop-after-apply=0.1,http500=0.1,http429=0.1,latency=20ms")
 	f.IntVar(&o.Deliverers, "deliverers", 2, "deliverer instances (1..32)")
 	f.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "give up waiting for the pipeline to drain after this long")
@@ -263,6 +269,27 @@ func printSummary(cmd *cobra.Command, s *demo.Summary, kept bool) {
 		fmt.Fprintf(w, "  %-16s committed %d, provider applied %s\n", f, s.CommittedQuantity[f], match)
 	}
 	fmt.Fprintf(w, "  identifiers applied more than once at the provider: %d\n", s.ProviderDuplicateApplications)
+	if r := s.Reconciliation; r != nil {
+		fmt.Fprintf(w, "  reconciliation    %d windows compared, %d matched, %d unsettled; %d items confirmed\n",
+			r.WindowsCompared, r.WindowsMatched, r.WindowsUnsettled, r.ItemsConfirmed)
+		kinds := make([]string, 0, len(s.ReconciliationItems))
+		open := 0
+		for k, n := range s.ReconciliationItems {
+			if n != 0 {
+				kinds = append(kinds, k)
+				open += n
+			}
+		}
+		sort.Strings(kinds)
+		fmt.Fprintf(w, "  open findings     %d", open)
+		for _, k := range kinds {
+			fmt.Fprintf(w, " %s=%d", k, s.ReconciliationItems[k])
+		}
+		if open != 0 {
+			fmt.Fprint(w, "   (auroractl reconcile list, with --keep-database)")
+		}
+		fmt.Fprintln(w)
+	}
 	if kept {
 		fmt.Fprintf(w, "  database          %s (kept: drop it with DROP DATABASE when done)\n", s.Database)
 	}

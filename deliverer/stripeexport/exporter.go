@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aurora-billing/aurora/deliverer"
 	"github.com/aurora-billing/aurora/shared/config"
@@ -86,6 +87,11 @@ func New(cfg Config, timeout time.Duration, maxConns int) (*Exporter, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConns = max(100, maxConns)
 	tr.MaxIdleConnsPerHost = max(2, maxConns)
+	return newExporter(cfg, timeout, tr), nil
+}
+
+// newExporter is New over the transport tr (a test's fake Stripe).
+func newExporter(cfg Config, timeout time.Duration, tr http.RoundTripper) *Exporter {
 	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
 		URL:               stripe.String(strings.TrimRight(cfg.APIBase, "/")),
 		MaxNetworkRetries: stripe.Int64(0),
@@ -93,7 +99,7 @@ func New(cfg Config, timeout time.Duration, maxConns int) (*Exporter, error) {
 		HTTPClient:        &http.Client{Timeout: timeout, Transport: observer{next: tr}},
 		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
 	})
-	return &Exporter{client: meterevent.Client{B: backend, Key: cfg.APIKey}, mode: KeyMode(cfg.APIKey), rules: Rules()}, nil
+	return &Exporter{client: meterevent.Client{B: backend, Key: cfg.APIKey}, mode: KeyMode(cfg.APIKey), rules: Rules()}
 }
 
 // Name returns outbox.DefaultExporter.
@@ -172,7 +178,35 @@ func answer(ctx context.Context, obs *observation, err error) Answer {
 		}
 		a.Message = transportMessage(err)
 	}
+	for _, p := range []*string{&a.Type, &a.Code, &a.Param, &a.Message, &a.RequestID} {
+		*p = storableText(*p)
+	}
 	return a
+}
+
+// MaxAnswerTextBytes bounds each text kept of an answer (type, code,
+// param, message, Request-Id), in bytes.
+const MaxAnswerTextBytes = 500
+
+// storableText returns s as Postgres text can hold it: invalid UTF-8 and
+// NUL become U+FFFD (a replacement, not a deletion, so no new code or
+// message can appear), cut to MaxAnswerTextBytes on a character boundary.
+// Stripe's answer is outside input: one NUL in a message (JSON \u0000)
+// or a header failed the deliverer's whole outcome batch (found by
+// FuzzAnswer).
+func storableText(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	}
+	if len(s) <= MaxAnswerTextBytes {
+		return s
+	}
+	cut := MaxAnswerTextBytes
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
 }
 
 // transportMessage keeps the error's kind but not URLs with parameters.

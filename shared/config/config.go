@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/aurora-billing/aurora/shared/field"
 	"github.com/caarlos0/env/v10"
 )
 
@@ -178,7 +179,9 @@ func URL(name, v string, schemes ...string) error {
 			}
 		}
 	}
-	shown := v
+	// A value that does not parse cannot be redacted part by part: it is
+	// hidden whole, since it may hold a password (found by FuzzConfigLoad).
+	shown := "(unparseable URL, redacted)"
 	if err == nil {
 		shown = u.Redacted()
 	}
@@ -258,11 +261,13 @@ type Export struct {
 	UsagePeriod string `env:"USAGE_PERIOD" envDefault:"day"`
 }
 
-// Validate checks the mode and period.
+// Validate checks the account (field.Text), the mode and the period.
 func (e Export) Validate() error {
 	var acct error
-	if strings.TrimSpace(e.StripeAccount) == "" {
-		acct = &RangeError{Var: Prefix + "STRIPE_ACCOUNT", Value: "", Allowed: "a non-empty Stripe account id"}
+	if r := field.Text(e.StripeAccount, field.MaxStripeIDBytes); r != "" {
+		// every staged item carries the account: it must be text Postgres
+		// can hold (found by FuzzConfigLoad); the value is not quoted
+		acct = &RangeError{Var: Prefix + "STRIPE_ACCOUNT", Value: "(refused: " + r + ")", Allowed: "a Stripe account id: not blank, valid UTF-8, no control characters, at most 255 bytes"}
 	}
 	return errors.Join(acct,
 		OneOf("STRIPE_MODE", e.StripeMode, "test", "live"),

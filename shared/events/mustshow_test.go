@@ -189,7 +189,7 @@ func TestPoisonForeignKeyDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := testConfig()
-	cfg.ConsumerIntervalMS = 300
+	cfg.ConsumerIntervalMS = 500 // a pass of 11 events takes up to ~400 ms under -race at load 17
 	run(t, e.dispatcher(cfg).Run)
 	types := []string{"InvoicePaid.v1"}
 	// the payload names the account; "9999" does not exist

@@ -85,7 +85,8 @@ func (e Event) Kind() identity.SubjectKind {
 // field.MaxTenantBytes / field.MaxEventIDBytes (valid UTF-8, no NUL or
 // control characters), feature a feature name (field.Feature), the
 // quantity within 15 significant digits (field.MaxQuantity) and ≥ 0 for an
-// event, corrects_event_id text like event_id and not the event itself.
+// event, occurred_at set and in the years 1970..9999 UTC, corrects_event_id
+// text like event_id and not the event itself.
 func (e Event) Validate() error {
 	if r := field.Text(e.Tenant, field.MaxTenantBytes); r != "" {
 		return &FieldError{"tenant", r}
@@ -98,6 +99,12 @@ func (e Event) Validate() error {
 	}
 	if e.OccurredAt.IsZero() {
 		return &FieldError{"occurred_at", "must be set"}
+	}
+	if y := e.OccurredAt.UTC().Year(); y < 1970 || y > 9999 {
+		// a meter event timestamp is Unix seconds; a year before 1970 (RFC
+		// 3339 allows 0000, and an offset moves it to 1 BC) is no usage time
+		// (found by FuzzJSONL)
+		return &FieldError{"occurred_at", "must be between 1970-01-01 and 9999-12-31 UTC"}
 	}
 	if e.CorrectsEventID == "" && e.Quantity < 0 {
 		return &FieldError{"quantity", "must be >= 0 for an event (use a correction to remove usage)"}

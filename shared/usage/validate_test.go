@@ -37,6 +37,8 @@ func hostileEvents() []struct {
 		{"19-digit quantity", "quantity", with(func(e *usage.Event) { e.Quantity = 9223372036854775807 })},
 		{"16-digit quantity", "quantity", with(func(e *usage.Event) { e.Quantity = 1_000_000_000_000_000 })},
 		{"negative event quantity", "quantity", with(func(e *usage.Event) { e.Quantity = -1 })},
+		{"occurred in 1 BC", "occurred_at", with(func(e *usage.Event) { e.OccurredAt = time.Date(0, 1, 1, 0, 0, 0, 0, time.FixedZone("", 3600)) })},
+		{"occurred before 1970", "occurred_at", with(func(e *usage.Event) { e.OccurredAt = time.Date(1969, 12, 31, 23, 59, 59, 0, time.UTC) })},
 		{"16-digit negative correction", "quantity", with(func(e *usage.Event) { e.CorrectsEventID = "e0"; e.Quantity = -1_000_000_000_000_000 })},
 		{"NUL corrected id", "corrects_event_id", with(func(e *usage.Event) { e.CorrectsEventID = "e\x00" })},
 	}
