@@ -126,7 +126,7 @@ func StatusLines(s gauge.Snapshot) []StatusLine {
 	add("outbox uncertain", float64(o.Items[outbox.StateUncertain]), "items", 0,
 		"auroractl recovery list --state uncertain   (then: auroractl recovery inspect <id>)", "AuroraUncertainItems")
 	add("outbox uncertain, oldest", o.UncertainOldestAgeSeconds, "seconds", 0,
-		"auroractl recovery list --state uncertain --older-than 1h", "AuroraUncertainItems")
+		"auroractl recovery list --state uncertain   (oldest first)", "AuroraUncertainItems")
 	add("outbox quarantined", float64(o.Items[outbox.StateQuarantined]), "items", 0,
 		"auroractl recovery list --state quarantined", "AuroraQuarantineGrowing")
 	for _, reason := range sortedKeys(o.QuarantinedByReason) {
