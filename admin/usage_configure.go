@@ -32,7 +32,7 @@ record and import go through the same rules as the services (usage.Gate) with th
 destination, mode and period of AURORA_STRIPE_ACCOUNT, AURORA_STRIPE_MODE,
 AURORA_USAGE_PERIOD and the sources of AURORA_FEATURE_SOURCES.`,
 	}
-	cmd.AddCommand(newUsageConfigureCmd())
+	cmd.AddCommand(newUsageConfigureCmd(), newUsageRecordCmd(), newUsageImportCmd())
 	return cmd
 }
 

@@ -161,14 +161,16 @@ type Emulator struct {
 	cfg Config
 	mux *http.ServeMux
 
-	mu        sync.Mutex
-	rng       *rand.Rand
-	faults    Faults
-	customers map[string]*customer
-	custOrder []string
-	meters    map[string]*Meter
-	meterList []string // ids, creation order
-	byEvent   map[string]*Meter
+	mu  sync.Mutex
+	rng *rand.Rand
+	// generation counts LoadState calls (state.go): the id stream in use.
+	generation uint64
+	faults     Faults
+	customers  map[string]*customer
+	custOrder  []string
+	meters     map[string]*Meter
+	meterList  []string // ids, creation order
+	byEvent    map[string]*Meter
 
 	events     []AppliedEvent
 	ids        map[string]idState // per identifier; never pruned (the oracle), bounded per identifier

@@ -41,6 +41,11 @@ type emulatorConfig struct {
 	// AllowConcurrent turns off the one-call-per-(customer, meter) 429.
 	// AURORA_EMULATOR_ALLOW_CONCURRENT, default false.
 	AllowConcurrent bool `env:"EMULATOR_ALLOW_CONCURRENT" envDefault:"false"`
+	// StateFile keeps meters, customers and applied events (for dedupe)
+	// across restarts: loaded at start when it exists, written atomically
+	// within a second of a change and at shutdown. AURORA_EMULATOR_STATE_FILE,
+	// default none (state lives in memory only).
+	StateFile string `env:"EMULATOR_STATE_FILE"`
 
 	faults stripeemulator.Faults
 	keys   map[string]stripeemulator.Access
@@ -93,7 +98,7 @@ func splitList(s string) []string {
 
 func newStripeEmulatorCmd() *cobra.Command {
 	var validate bool
-	var flagAddr, flagFaults, flagCustomers, flagMeters string
+	var flagAddr, flagFaults, flagCustomers, flagMeters, flagStateFile string
 	var flagSeed uint64
 	var flagAllowConcurrent bool
 	cmd := &cobra.Command{
@@ -104,7 +109,11 @@ func newStripeEmulatorCmd() *cobra.Command {
 Point stripe-go at it with BackendConfig.URL = http://<addr>. Meter events,
 adjustments, summaries, meters and customers behave as documented in
 docs/stripe-emulator.md. GET /_emulator/stats answers counts, applied totals,
-duplicate applications and overlaps as JSON (no customer ids, no payloads).`,
+duplicate applications and overlaps as JSON (no customer ids, no payloads).
+GET /healthz answers 200 without an API key (the health check).
+
+With --state-file (AURORA_EMULATOR_STATE_FILE) meters, customers and applied
+events survive a restart: identifiers applied before it are still deduplicated.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var c emulatorConfig
@@ -127,6 +136,9 @@ duplicate applications and overlaps as JSON (no customer ids, no payloads).`,
 			if f.Changed("meters") {
 				c.Meters = flagMeters
 			}
+			if f.Changed("state-file") {
+				c.StateFile = flagStateFile
+			}
 			if f.Changed("allow-concurrent") {
 				c.AllowConcurrent = flagAllowConcurrent
 			}
@@ -148,6 +160,7 @@ duplicate applications and overlaps as JSON (no customer ids, no payloads).`,
 	fl.Uint64Var(&flagSeed, "seed", 0, "seed of fault decisions and generated ids (AURORA_EMULATOR_SEED)")
 	fl.StringVar(&flagCustomers, "customers", "", "customer ids to provision, comma-separated (AURORA_EMULATOR_CUSTOMERS)")
 	fl.StringVar(&flagMeters, "meters", "", "event names of sum meters to create, comma-separated (AURORA_EMULATOR_METERS)")
+	fl.StringVar(&flagStateFile, "state-file", "", "keep meters, customers and applied events in this file across restarts (AURORA_EMULATOR_STATE_FILE)")
 	fl.BoolVar(&flagAllowConcurrent, "allow-concurrent", false, "accept concurrent calls per (customer, meter) (AURORA_EMULATOR_ALLOW_CONCURRENT)")
 	return cmd
 }
@@ -160,13 +173,24 @@ func runStripeEmulator(ctx context.Context, c emulatorConfig, ready func(*stripe
 	if err != nil {
 		return fmt.Errorf("%w: %w", config.ErrInvalid, err)
 	}
+	log := logger()
+	if c.StateFile != "" {
+		loaded, err := emu.LoadStateFile(c.StateFile)
+		if err != nil {
+			return fmt.Errorf("%w: AURORA_EMULATOR_STATE_FILE: %w", config.ErrInvalid, err)
+		}
+		st := emu.Stats()
+		log.Info("stripe emulator state", "loaded", loaded, "meters", len(emu.Meters()), "applied", st.Applied)
+	}
 	for _, id := range splitList(c.Customers) {
 		if err := emu.AddCustomer(id); err != nil {
 			return fmt.Errorf("%w: AURORA_EMULATOR_CUSTOMERS: %w", config.ErrInvalid, err)
 		}
 	}
-	log := logger()
 	for _, name := range splitList(c.Meters) {
+		if hasActiveMeter(emu, name) { // kept in the state file
+			continue
+		}
 		m, err := emu.AddMeter(stripeemulator.MeterSpec{DisplayName: name, EventName: name})
 		if err != nil {
 			return fmt.Errorf("%w: AURORA_EMULATOR_METERS: %w", config.ErrInvalid, err)
@@ -177,7 +201,13 @@ func runStripeEmulator(ctx context.Context, c emulatorConfig, ready func(*stripe
 	if err != nil {
 		return fmt.Errorf("stripe-emulator: listen: %w", err)
 	}
-	srv := &http.Server{Handler: emu, ReadHeaderTimeout: 10 * time.Second}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.Handle("/", emu)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("stripe emulator listening", "addr", ln.Addr().String(), "faults", c.faults.String(),
 		"customers", len(splitList(c.Customers)), "meters", len(splitList(c.Meters)))
 	errc := make(chan error, 1)
@@ -185,18 +215,57 @@ func runStripeEmulator(ctx context.Context, c emulatorConfig, ready func(*stripe
 	if ready != nil {
 		ready(emu, ln.Addr())
 	}
-	select {
-	case err := <-errc:
-		return fmt.Errorf("stripe-emulator: serve: %w", err)
-	case <-ctx.Done():
+	var tick <-chan time.Time
+	if c.StateFile != "" {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		tick = t.C
+	}
+	saved := emu.StateVersion()
+	save := func() {
+		v := emu.StateVersion()
+		if err := emu.SaveStateFile(c.StateFile); err != nil {
+			log.Error("stripe emulator state not saved", "err", err)
+			return
+		}
+		saved = v
+	}
+	if c.StateFile != "" {
+		save() // the meters and customers of the flags
+	}
+loop:
+	for {
+		select {
+		case err := <-errc:
+			return fmt.Errorf("stripe-emulator: serve: %w", err)
+		case <-ctx.Done():
+			break loop
+		case <-tick:
+			if emu.StateVersion() != saved {
+				save()
+			}
+		}
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil {
 		_ = srv.Close()
 	}
+	if c.StateFile != "" {
+		save()
+	}
 	st := emu.Stats()
 	log.Info("stripe emulator stopped", "requests", st.Requests, "applied", st.Applied,
 		"duplicate_applications", st.DuplicateApplications, "overlaps", st.Overlaps)
 	return nil
+}
+
+// hasActiveMeter reports whether emu has an active meter for eventName.
+func hasActiveMeter(emu *stripeemulator.Emulator, eventName string) bool {
+	for _, m := range emu.Meters() {
+		if m.Active && m.EventName == eventName {
+			return true
+		}
+	}
+	return false
 }

@@ -140,3 +140,110 @@ func TestStripeEmulatorServes(t *testing.T) {
 		t.Fatal("no shutdown within 10 s")
 	}
 }
+
+// startEmulator runs runStripeEmulator with c until the test ends (or
+// stop is called) and returns its base URL.
+func startEmulator(t *testing.T, c emulatorConfig) (base string, stop func()) {
+	t.Helper()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- runStripeEmulator(ctx, c, func(_ *stripeemulator.Emulator, a net.Addr) { ready <- a })
+	}()
+	select {
+	case a := <-ready:
+		base = "http://" + a.String()
+	case err := <-done:
+		cancel()
+		t.Fatalf("emulator stopped: %v", err)
+	case <-time.After(10 * time.Second):
+		cancel()
+		t.Fatal("emulator not ready within 10 s")
+	}
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return base, stop
+}
+
+// The health check needs no key; with a state file, a restarted emulator
+// keeps its meters (the --meters ones are not created twice) and
+// customers, and still refuses an identifier it applied before.
+func TestStripeEmulatorStateFileAndHealthz(t *testing.T) {
+	t.Parallel()
+	state := t.TempDir() + "/emulator-state.json"
+	c := emulatorConfig{Addr: "127.0.0.1:0", Meters: "api_calls", StateFile: state}
+	base, stop := startEmulator(t, c)
+	res, err := http.Get(base + "/healthz")
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("/healthz without a key: %v %v", res, err)
+	}
+	res.Body.Close()
+	sc := func(base string) *client.API {
+		b := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{URL: stripe.String(base), MaxNetworkRetries: stripe.Int64(0),
+			LeveledLogger: &stripe.LeveledLogger{Level: stripe.LevelNull}})
+		api := &client.API{}
+		api.Init("sk_test_cmd", &stripe.Backends{API: b, Connect: b, Uploads: b})
+		return api
+	}
+	api := sc(base)
+	cus, err := api.Customers.New(&stripe.CustomerParams{Name: stripe.String("tenant")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(api *client.API, key string) error {
+		p := &stripe.BillingMeterEventParams{EventName: stripe.String("api_calls"), Identifier: stripe.String("id-1"),
+			Payload: map[string]string{"stripe_customer_id": cus.ID, "value": "3"}, Timestamp: stripe.Int64(time.Now().Unix())}
+		p.SetIdempotencyKey(key)
+		_, err := api.BillingMeterEvents.New(p)
+		return err
+	}
+	if err := send(api, "k1"); err != nil {
+		t.Fatal(err)
+	}
+	var meters []string
+	for it := api.BillingMeters.List(&stripe.BillingMeterListParams{}); it.Next(); {
+		meters = append(meters, it.BillingMeter().ID)
+	}
+	stop()
+
+	base2, _ := startEmulator(t, c)
+	api2 := sc(base2)
+	var after []string
+	for it := api2.BillingMeters.List(&stripe.BillingMeterListParams{}); it.Next(); {
+		after = append(after, it.BillingMeter().ID)
+	}
+	if len(meters) != 1 || strings.Join(after, ",") != strings.Join(meters, ",") {
+		t.Fatalf("meters before %v, after the restart %v", meters, after)
+	}
+	if got, err := api2.Customers.Get(cus.ID, nil); err != nil || got.Name != "tenant" {
+		t.Fatalf("customer after the restart: %v", err)
+	}
+	var se *stripe.Error
+	if err := send(api2, "k2"); !errors.As(err, &se) || !strings.HasPrefix(se.Msg, stripeemulator.DuplicateIdentifierMessagePrefix) {
+		t.Fatalf("id-1 after the restart: want the duplicate refusal, got %v", err)
+	}
+	res, err = http.Get(base2 + "/_emulator/stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s stripeemulator.Stats
+	err = json.NewDecoder(res.Body).Decode(&s)
+	res.Body.Close()
+	if err != nil || s.Applied != 1 || s.AppliedTotals["api_calls"] != 3 || s.DuplicateApplications != 0 {
+		t.Fatalf("stats after the restart %+v %v", s, err)
+	}
+}
