@@ -7,7 +7,7 @@ import (
 
 // Backoff returns the delay before retry number attempts (attempts ≥ 1 is
 // the attempt that just failed): min(cap, base·2^(attempts−1)) (seed 000,
-// "The knobs"; ARCHITECTURE.md state table), then "equal jitter": a uniform
+// "The knobs"; the same rule for every retryable answer), then "equal jitter": a uniform
 // draw in [d/2, d]. Half the delay is kept so a retry never comes sooner than
 // half the schedule; the other half spreads deliverers that failed together
 // (AWS Architecture Blog, "Exponential Backoff And Jitter"). The result never

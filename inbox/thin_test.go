@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// A thin meter error report (FACTS.md's shape: object v2.core.event,
+// A thin meter error report (Stripe's thin-event shape: object v2.core.event,
 // created an RFC 3339 string, related_object the meter) is stored with a
 // 2xx and processed without projection; it was a permanent 400 before.
 func TestThinMeterErrorReportIsStored(t *testing.T) {

@@ -16,8 +16,8 @@ import (
 // published: due (pending with next_attempt_at <= now, or leased with an
 // expired lease) and published_dispatch < dispatch. There is no cursor: a
 // row whose transaction commits after a higher id's is simply due and
-// unpublished when it becomes visible (FACTS.md: sequence ids are handed out
-// at insert, not commit). FOR UPDATE SKIP LOCKED: concurrent workers and
+// unpublished when it becomes visible (Postgres hands out sequence values at
+// insert, not at commit, so ids commit out of order). FOR UPDATE SKIP LOCKED: concurrent workers and
 // relays take disjoint rows, and the locks, held until the marks commit,
 // keep anyone else from publishing the same dispatch meanwhile.
 //

@@ -1,6 +1,6 @@
 // Package relay publishes committed outbox rows to JetStream: the transport
 // half of "Postgres is the truth, JetStream is the transport"
-// (ARCHITECTURE.md, Relay; issue 3).
+// (the relay never decides delivery; issue 3).
 //
 // Invariants it keeps:
 //

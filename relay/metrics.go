@@ -77,7 +77,8 @@ func (m *metrics) collectors() []prometheus.Collector {
 
 // backlogCollector measures the oldest due-but-unpublished row at scrape
 // time. A failed query yields an invalid metric, so the scrape fails instead
-// of reporting a zero it could not measure (ARCHITECTURE.md, Operations).
+// of reporting a zero it could not measure (a figure that cannot be measured
+// is never reported as 0).
 type backlogCollector struct {
 	pool    *pgxpool.Pool
 	clk     clock.Clock

@@ -11,8 +11,7 @@
 // `{"error":{"type":…,"code":…,"message":…}}` and a `Request-Id: req_…`
 // header on every answer.
 //
-// The rules it keeps, each from Stripe's documentation (see
-// /work/shared/design/FACTS.md):
+// The rules it keeps, each from Stripe's documentation:
 //
 //   - A meter event `identifier` is unique for a rolling 24 h (DedupeWindow):
 //     a repeat is 400 invalid_request_error "An event already exists with

@@ -60,7 +60,7 @@ const (
 
 // DuplicateIdentifierMessagePrefix starts the message of Stripe's answer to a
 // meter event whose identifier was seen within the dedupe window (reported by
-// a public project; FACTS.md marks it UNVERIFIED in Stripe's docs).
+// a public project; not stated in Stripe's docs, so unverified).
 const DuplicateIdentifierMessagePrefix = "An event already exists with identifier"
 
 // apiError is one error answer: HTTP status plus Stripe's error object.

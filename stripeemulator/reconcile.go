@@ -34,7 +34,8 @@ const (
 	maxInvoicePeriods = 400
 )
 
-// Thin event types of meter error reports (FACTS.md).
+// Thin event types of meter error reports (Stripe sends both to an event
+// destination as v2 thin events).
 const (
 	EventMeterErrorReport = "v1.billing.meter.error_report_triggered"
 	EventNoMeterFound     = "v1.billing.meter.no_meter_found"

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// The v2 meter event stream (FACTS.md, "Stripe v2 meter event stream"):
+// The v2 meter event stream, as Stripe's API reference describes it:
 //
 //   - POST /v2/billing/meter_event_session, authenticated with the secret
 //     key, no body, answers {id, object, authentication_token, created,

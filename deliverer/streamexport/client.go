@@ -31,10 +31,10 @@ import (
 
 // Defaults of ClientConfig.
 const (
-	// DefaultStreamBase is Stripe's meter event stream host (FACTS.md).
+	// DefaultStreamBase is Stripe's meter event stream host (Stripe's API reference: v2 stream calls go to meter-events.stripe.com, not api.stripe.com).
 	DefaultStreamBase = "https://meter-events.stripe.com"
 	// StripeVersion is sent on both v2 calls. Which version Stripe's v2
-	// endpoints require is not documented (FACTS.md: UNKNOWN); this is the
+	// endpoints require is not documented by Stripe (unknown); this is the
 	// version stripe-go v82 sends with its typed v2 calls.
 	StripeVersion = "2025-03-31.basil"
 	// RefreshMargin: a token is replaced this long before it expires, so a

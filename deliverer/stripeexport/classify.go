@@ -16,8 +16,8 @@ const (
 )
 
 // DuplicateIdentifierMessage starts Stripe's 400 for a meter event whose
-// identifier it already has (FACTS.md: reported by a public project,
-// UNVERIFIED in Stripe's docs; the emulator answers the same).
+// identifier it already has (reported by a public project, not stated in
+// Stripe's docs, so unverified; the emulator answers the same).
 const DuplicateIdentifierMessage = "An event already exists with identifier"
 
 // Answer is what one call produced, before classification.
@@ -51,7 +51,7 @@ func code(statuses []int, codes ...string) func(Answer) bool {
 }
 
 // Rules returns the classification table in match order. It is the only
-// place a Stripe answer becomes an outcome (STYLE.md 5); each row is tested
+// place a Stripe answer becomes an outcome (one answer table, as River keeps one job-state table); each row is tested
 // by name and rendered into docs/deliverer.md by MarkdownTable.
 func Rules() []Rule {
 	bad := []int{400, 404}
@@ -66,7 +66,7 @@ func Rules() []Rule {
 			Why:   "Stripe took it; provider_ref = Request-Id (or the identifier)",
 			Match: func(a Answer) bool { return a.Status >= 200 && a.Status < 300 }},
 		{Name: "duplicate_identifier", When: "400 whose message starts \"" + DuplicateIdentifierMessage + "\"", Outcome: deliverer.OutcomeAccepted,
-			Why: "Stripe already has an event with this identifier, i.e. an earlier attempt landed (FACTS.md)",
+			Why: "Stripe already has an event with this identifier, i.e. an earlier attempt landed (the message a public project reports; not in Stripe's docs)",
 			Match: func(a Answer) bool {
 				return a.Status == 400 && strings.Contains(a.Message, DuplicateIdentifierMessage)
 			}},

@@ -12,8 +12,8 @@ import (
 )
 
 // How a correction reaches Stripe (seed 000 and Stripe's meter event
-// adjustments; FACTS.md: "Adjustments can cancel an event only within 24 h of
-// Stripe receiving it"; a sum meter's value cannot go below zero):
+// adjustments: Stripe documents that an adjustment can cancel an event only
+// within 24 h of receiving it; a sum meter's value cannot go below zero):
 //
 //   - A positive correction (+d) is a compensating meter event of value d
 //     under the correction's own identifier, at the correction's timestamp
