@@ -23,7 +23,7 @@ func testOptions(t *testing.T) Options {
 	if err := config.LoadFrom(&ob, map[string]string{"AURORA_OUTBOX_BACKOFF_BASE_SECONDS": "1", "AURORA_OUTBOX_BACKOFF_CAP_SECONDS": "2"}); err != nil {
 		t.Fatal(err)
 	}
-	return Options{DatabaseURL: dbtest.AdminURL(), Account: "acct_demo_test", Outbox: ob, Timeout: 4 * time.Minute, Seed: 7}
+	return Options{DatabaseURL: dbtest.AdminURL(), Account: "acct_demo_test", Outbox: ob, Timeout: 12 * time.Minute, Seed: 7}
 }
 
 // head writes the first n lines of the shared access log to a temp file.
