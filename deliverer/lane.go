@@ -29,6 +29,16 @@ import (
 // the message is acked, so a tenant's burst never fills the partition's
 // ack-pending window and the other lanes of the partition keep flowing;
 // the relay publishes the deferred items again when they are due.
+//
+// Recall: the due time is only an estimate (a lane not measured yet is
+// assumed at 50 ms an item, ten times what a 0 ms provider costs), so the
+// owner also remembers what its lane deferred and, once the lane holds no
+// more than half its share, recalls up to its free room of them: their rows
+// become due now and the relay is woken (recallQuery). A recalled row that
+// moved on meanwhile is left alone; an owner that dies or loses the
+// partition recalls nothing and the estimate stands, so recall only ever
+// brings a row forward. Without it a 0 ms demo's busiest lane sat idle for
+// ten seconds and then drained at the estimate's one item per 50 ms.
 type lanes struct {
 	share int
 
@@ -37,13 +47,33 @@ type lanes struct {
 	// perItem remembers, across a lane's idle gaps, how long its items
 	// take (an EWMA), for the deferral delay.
 	perItem map[string]time.Duration
+	// parked holds a closed lane's deferred items not recalled yet (the
+	// lane emptied with more deferred than its share): its next runner
+	// inherits them.
+	parked map[string][]deferredItem
 }
 
 type lane struct {
 	queue       []jetstream.Msg
-	running     int       // messages in the group being handled
-	deferredTil time.Time // when the items deferred so far are expected to be worked
+	running     int            // messages in the group being handled
+	deferredTil time.Time      // when the items deferred so far are expected to be worked
+	deferred    []deferredItem // deferred by this process, not recalled yet, oldest first
 }
+
+// deferredItem is a row a lane deferred: its id and the dispatch the
+// deferral gave it (the recall moves the row only at that dispatch).
+type deferredItem struct {
+	ID       int64
+	Dispatch int32
+}
+
+// maxRemembered bounds the deferred items a lane remembers for recall
+// (beyond it, an item keeps its estimated due time); maxParked bounds the
+// closed lanes whose deferred items are kept.
+const (
+	maxRemembered = 50_000
+	maxParked     = 10_000
+)
 
 // defaultPerItem is the per-item time assumed for a lane not measured yet.
 const defaultPerItem = 50 * time.Millisecond
@@ -61,7 +91,7 @@ const (
 )
 
 func newLanes(share int) *lanes {
-	return &lanes{share: share, m: map[string]*lane{}, perItem: map[string]time.Duration{}}
+	return &lanes{share: share, m: map[string]*lane{}, perItem: map[string]time.Duration{}, parked: map[string][]deferredItem{}}
 }
 
 // laneKey is the message's lane token (outbox.Message.Lane) under its
@@ -82,7 +112,8 @@ func (l *lanes) join(key string, msg jetstream.Msg, _ int64) (laneMode, time.Dur
 	defer l.mu.Unlock()
 	ln, ok := l.m[key]
 	if !ok {
-		l.m[key] = &lane{running: 1}
+		l.m[key] = &lane{running: 1, deferred: l.parked[key]}
+		delete(l.parked, key)
 		return laneOwner, 0
 	}
 	held := ln.running + len(ln.queue)
@@ -122,22 +153,65 @@ func (l *lanes) push(key string, msg jetstream.Msg) bool {
 }
 
 // nextGroup returns up to limit queued messages, oldest first, as the
-// lane's next group, or nil after closing the lane.
-func (l *lanes) nextGroup(key string, limit int) []jetstream.Msg {
+// lane's next group, or nil after closing the lane; and the deferred items
+// to recall now (the lane holds at most half its share: up to its free
+// room of them, oldest first).
+func (l *lanes) nextGroup(key string, limit int) ([]jetstream.Msg, []deferredItem) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ln := l.m[key]
-	if ln == nil || len(ln.queue) == 0 {
-		delete(l.m, key)
-		return nil
+	if ln == nil {
+		return nil, nil
 	}
 	n := min(max(limit, 1), len(ln.queue))
-	out := make([]jetstream.Msg, n)
-	copy(out, ln.queue[:n])
-	clear(ln.queue[:n])
-	ln.queue = ln.queue[n:]
+	var out []jetstream.Msg
+	if n > 0 {
+		out = make([]jetstream.Msg, n)
+		copy(out, ln.queue[:n])
+		clear(ln.queue[:n])
+		ln.queue = ln.queue[n:]
+	}
 	ln.running = n
+	recall := l.recallLocked(ln)
+	if n == 0 {
+		delete(l.m, key)
+		if len(ln.deferred) > 0 && len(l.parked) < maxParked {
+			l.parked[key] = ln.deferred
+		}
+	}
+	return out, recall
+}
+
+// recallLocked takes the deferred items ln has room for, when it holds at
+// most half its share.
+func (l *lanes) recallLocked(ln *lane) []deferredItem {
+	held := ln.running + len(ln.queue)
+	if len(ln.deferred) == 0 || held > l.share/2 {
+		return nil
+	}
+	k := min(len(ln.deferred), l.share-held)
+	out := append([]deferredItem(nil), ln.deferred[:k]...)
+	ln.deferred = ln.deferred[k:]
+	if len(ln.deferred) == 0 {
+		ln.deferred = nil
+		ln.deferredTil = time.Time{}
+	}
 	return out
+}
+
+// remember records that key's lane deferred it; it returns the items to
+// recall at once (the lane closed meanwhile, or has room again).
+func (l *lanes) remember(key string, it deferredItem) []deferredItem {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ln := l.m[key]
+	if ln == nil {
+		return []deferredItem{it}
+	}
+	if len(ln.deferred) < maxRemembered {
+		ln.deferred = append(ln.deferred, it)
+	}
+	return l.recallLocked(ln)
 }
 
 // observe folds a group's time per item into the lane's estimate.
@@ -213,17 +287,21 @@ func (l *lanes) heartbeat(every time.Duration, stop <-chan struct{}, m *metrics)
 func (d *Deliverer) runLane(work context.Context, key string, first jetstream.Msg) {
 	defer d.wg.Done()
 	defer func() { <-d.sem }()
-	for g := []jetstream.Msg{first}; g != nil; g = d.lanes.nextGroup(key, d.s.batch) {
+	for g := []jetstream.Msg{first}; g != nil; {
 		if d.isStopping() {
 			for _, m := range g {
 				d.m.skips.WithLabelValues("shutdown").Inc()
 				_ = m.Nak()
 			}
+			g, _ = d.lanes.nextGroup(key, d.s.batch) // stopping: nothing recalled
 			continue
 		}
 		start := time.Now()
 		d.runGroup(work, g)
 		d.lanes.observe(key, time.Since(start), len(g))
+		var recall []deferredItem
+		g, recall = d.lanes.nextGroup(key, d.s.batch)
+		d.recall(recall)
 	}
 }
 
@@ -264,9 +342,32 @@ func (d *Deliverer) overflow(msg jetstream.Msg, m outbox.Message, key string, de
 		case moved[m.ItemID]:
 			d.m.skips.WithLabelValues("deferred").Inc()
 			_ = msg.Ack()
+			d.recall(d.lanes.remember(key, deferredItem{ID: m.ItemID, Dispatch: m.Dispatch + 1}))
 		case !d.lanes.push(key, msg):
 			// The lane finished meanwhile: hand the message back for at once.
 			_ = msg.NakWithDelay(d.busy())
 		}
+	}()
+}
+
+// recall brings items forward (recallQuery) on its own goroutine, so the
+// lane does not wait for it; while stopping it does nothing and the
+// deferral's estimate stands. A failed recall is counted and logged: the
+// items are still due at their estimate, nothing is lost.
+func (d *Deliverer) recall(items []deferredItem) {
+	if len(items) == 0 || !d.enter() {
+		return
+	}
+	go func() {
+		defer d.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
+		defer cancel()
+		n, err := recallItems(ctx, d.db, recallParams{Now: d.clock.Override(), Items: items})
+		if err != nil {
+			d.m.errors.WithLabelValues("recall").Inc()
+			d.log.Warn("deliverer: recall of deferred items failed; they stay due at their estimate", "items", len(items), "err", err)
+			return
+		}
+		d.m.recalled.Add(float64(n))
 	}()
 }

@@ -1,6 +1,7 @@
 package deliverer
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -59,14 +60,14 @@ func TestLanesShareAndGroups(t *testing.T) {
 	if !l.push("a", m(6)) || l.push("zzz", m(7)) {
 		t.Fatal("push onto a running lane must queue; onto no lane must refuse")
 	}
-	g := l.nextGroup("a", 2)
+	g, _ := l.nextGroup("a", 2)
 	if len(g) != 2 || g[0].(laneMsg).item != 2 || g[1].(laneMsg).item != 3 {
 		t.Fatalf("group %v", g)
 	}
-	if g := l.nextGroup("a", 2); len(g) != 1 || g[0].(laneMsg).item != 6 {
+	if g, _ := l.nextGroup("a", 2); len(g) != 1 || g[0].(laneMsg).item != 6 {
 		t.Fatalf("second group %v", g)
 	}
-	if g := l.nextGroup("a", 2); g != nil {
+	if g, _ := l.nextGroup("a", 2); g != nil {
 		t.Fatalf("empty lane returned %v", g)
 	}
 	if mode, _ := l.join("a", m(8), 8); mode != laneOwner {
@@ -89,5 +90,74 @@ func TestLaneDeferralFollowsMeasuredPace(t *testing.T) {
 	// holds 2 → 2×100 ms, plus its own turn
 	if d < 250*time.Millisecond || d > 350*time.Millisecond {
 		t.Fatalf("delay %s, want about 300ms", d)
+	}
+}
+
+// TestLaneRecall: a lane remembers what it deferred and, once it holds no
+// more than half its share, hands back up to its free room of them, oldest
+// first; a closed lane parks the rest for its next runner; a deferral
+// noted after the lane closed is recalled at once.
+func TestLaneRecall(t *testing.T) {
+	t.Parallel()
+	l := newLanes(4)
+	m := func(i int64) laneMsg { return laneMsg{item: i} }
+	l.join("a", m(1), 1)
+	for i := int64(2); i <= 4; i++ {
+		l.join("a", m(i), i)
+	}
+	for i := int64(5); i <= 10; i++ {
+		if mode, _ := l.join("a", m(i), i); mode != laneOverflow {
+			t.Fatalf("message %d: %v", i, mode)
+		}
+		// holds 4 of a share of 4: nothing to recall yet
+		if r := l.remember("a", deferredItem{ID: i, Dispatch: 2}); r != nil {
+			t.Fatalf("recall while full: %v", r)
+		}
+	}
+	ids := func(r []deferredItem) (out []int64) {
+		for _, it := range r {
+			out = append(out, it.ID)
+		}
+		return out
+	}
+	// takes 2 of 3 queued: holds 3 > 4/2, no recall
+	if g, r := l.nextGroup("a", 2); len(g) != 2 || r != nil {
+		t.Fatalf("group %d, recall %v", len(g), ids(r))
+	}
+	// takes the last one: holds 1, room for 3
+	g, r := l.nextGroup("a", 2)
+	if len(g) != 1 || !slices.Equal(ids(r), []int64{5, 6, 7}) {
+		t.Fatalf("group %d, recall %v", len(g), ids(r))
+	}
+	// the lane empties with 8, 9, 10 still deferred: recalled (room 4), lane closed
+	if g, r := l.nextGroup("a", 2); g != nil || !slices.Equal(ids(r), []int64{8, 9, 10}) {
+		t.Fatalf("closing: group %v, recall %v", g, ids(r))
+	}
+	if r := l.remember("a", deferredItem{ID: 11, Dispatch: 2}); !slices.Equal(ids(r), []int64{11}) {
+		t.Fatalf("deferral noted after the lane closed: %v", ids(r))
+	}
+
+	// more deferred than the share when the lane closes: the rest is parked
+	l2 := newLanes(2)
+	l2.join("b", m(1), 1)
+	l2.join("b", m(2), 2)
+	for i := int64(3); i <= 7; i++ {
+		l2.join("b", m(i), i)
+		l2.remember("b", deferredItem{ID: i, Dispatch: 2})
+	}
+	if _, r := l2.nextGroup("b", 5); r != nil { // holds 1 (running) of 2: half, room 1
+		if !slices.Equal(ids(r), []int64{3}) {
+			t.Fatalf("recall %v", ids(r))
+		}
+	}
+	if g, r := l2.nextGroup("b", 5); g != nil || !slices.Equal(ids(r), []int64{4, 5}) {
+		t.Fatalf("closing: %v %v", g, ids(r))
+	}
+	if got := ids(l2.parked["b"]); !slices.Equal(got, []int64{6, 7}) {
+		t.Fatalf("parked %v", got)
+	}
+	l2.join("b", m(4), 4) // a recalled message starts the lane again: it inherits 6, 7
+	if g, r := l2.nextGroup("b", 5); g != nil || !slices.Equal(ids(r), []int64{6, 7}) {
+		t.Fatalf("inherited: %v %v", g, ids(r))
 	}
 }

@@ -15,6 +15,7 @@ type metrics struct {
 	attached    prometheus.Gauge         // aurora_deliverer_partitions_attached
 	owned       *prometheus.GaugeVec     // aurora_deliverer_partition_owned{partition}
 	loopRunning prometheus.GaugeFunc     // aurora_deliverer_consume_loop_running
+	recalled    prometheus.Counter       // aurora_deliverer_deferrals_recalled_total
 }
 
 // newMetrics registers the deliverer's metrics on reg; consuming backs
@@ -54,6 +55,10 @@ func newMetrics(reg prometheus.Registerer, consuming func() bool) (*metrics, err
 			Name: "aurora_deliverer_partition_owned",
 			Help: "1 for each partition JetStream has pinned to this process (it owns that partition's lanes), as of the last attach check.",
 		}, []string{"partition"}),
+		recalled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aurora_deliverer_deferrals_recalled_total",
+			Help: "Deferred rows brought forward to now because their lane had room again before the deferral's estimate (counted when the row moved).",
+		}),
 		loopRunning: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "aurora_deliverer_consume_loop_running",
 			Help: "1 while this process consumes: Run is running and every partition consumer has a running consume loop (what /readyz needs); 0 otherwise (not started, a consumer deleted and not yet re-attached, stopped). Alert AuroraDelivererNoConsumeLoop watches it.",
@@ -64,7 +69,7 @@ func newMetrics(reg prometheus.Registerer, consuming func() bool) (*metrics, err
 			return 0
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.outcomes, m.skips, m.staleLeases, m.latency, m.inFlight, m.errors, m.attached, m.owned, m.loopRunning} {
+	for _, c := range []prometheus.Collector{m.outcomes, m.skips, m.staleLeases, m.latency, m.inFlight, m.errors, m.attached, m.owned, m.loopRunning, m.recalled} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -25,7 +25,9 @@ type DB interface {
 //
 //   - claimQuery (claimParams): lease a batch of messages' rows;
 //   - recordQuery (recordParams): write a batch of outcomes, fenced;
-//   - deferQuery (deferParams): hand a hot lane's surplus back to the relay.
+//   - deferQuery (deferParams): hand a hot lane's surplus back to the relay;
+//   - recallQuery (recallParams): bring deferred rows forward once their
+//     lane has room.
 //
 // Which columns of outbox_items each writes: shared/outbox/columns.go.
 
@@ -527,3 +529,44 @@ func deferItems(ctx context.Context, db DB, p deferParams) (map[int64]bool, erro
 
 // isStale reports whether err is outbox.ErrStaleLease.
 func isStale(err error) bool { return errors.Is(err, outbox.ErrStaleLease) }
+
+// recallQuery makes rows a lane deferred due now, once the lane has room
+// again (lane.go, "Recall"), and wakes the relay on the outbox channel. A
+// row moves only while it is still pending at the deferral's dispatch,
+// unpublished and due later than now: a row the relay already published,
+// or that moved on, is left alone, so a recall can only bring a due time
+// forward. The statement returns the number of rows it moved.
+const recallQuery = `
+WITH clk AS (SELECT coalesce(@now::timestamptz, now()) AS now),
+moved AS (
+    UPDATE outbox_items o SET next_attempt_at = clk.now
+    FROM unnest(@ids::bigint[], @dispatches::int[]) AS r(id, dispatch), clk
+    WHERE o.id = r.id AND o.dispatch = r.dispatch AND (o.state = 'pending') IS TRUE
+      AND o.published_dispatch < o.dispatch AND o.next_attempt_at > clk.now
+    RETURNING o.id
+), n AS (SELECT count(*) AS n FROM moved)
+SELECT n.n, (SELECT count(*) FROM (SELECT pg_notify('aurora_outbox', '') FROM n WHERE n.n > 0) w)
+FROM n`
+
+// recallParams are recallQuery's parameters.
+type recallParams struct {
+	Now   *time.Time
+	Items []deferredItem
+}
+
+func (p recallParams) args() pgx.NamedArgs {
+	ids, dispatches := make([]int64, len(p.Items)), make([]int32, len(p.Items))
+	for i, it := range p.Items {
+		ids[i], dispatches[i] = it.ID, it.Dispatch
+	}
+	return pgx.NamedArgs{"now": p.Now, "ids": ids, "dispatches": dispatches}
+}
+
+// recallItems runs recallQuery and returns how many rows it moved.
+func recallItems(ctx context.Context, db DB, p recallParams) (int64, error) {
+	var n, woke int64
+	if err := db.QueryRow(ctx, recallQuery, p.args()).Scan(&n, &woke); err != nil {
+		return 0, fmt.Errorf("deliverer: recall %d deferred items: %w", len(p.Items), err)
+	}
+	return n, nil
+}

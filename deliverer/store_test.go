@@ -345,6 +345,64 @@ func TestDeferHandsSurplusToTheRelay(t *testing.T) {
 	}
 }
 
+// TestRecallBringsDeferredRowsForward: a recall makes a deferred row due
+// now and wakes the relay's channel; it leaves a row the relay already
+// published again, a row at another dispatch and a leased row alone.
+func TestRecallBringsDeferredRowsForward(t *testing.T) {
+	t.Parallel()
+	f := newStore(t)
+	a, b, c, e := f.stage("event:ra"), f.stage("event:rb"), f.stage("event:rc"), f.stage("event:re")
+	f.exec(`UPDATE outbox_items SET published_dispatch = dispatch, published_at = now() WHERE id IN ($1, $2, $3, $4)`, a.ID, b.ID, c.ID, e.ID)
+	var reqs []deferRequest
+	for _, r := range []outbox.Row{a, b, c, e} {
+		reqs = append(reqs, deferRequest{ItemID: r.ID, Dispatch: r.Dispatch, Delay: time.Minute})
+	}
+	if moved, err := deferItems(context.Background(), f.pool, deferParams{Now: &f.now, Items: reqs}); err != nil || len(moved) != 4 {
+		t.Fatalf("defer: %v %v", moved, err)
+	}
+	f.exec(`UPDATE outbox_items SET published_dispatch = dispatch WHERE id = $1`, b.ID) // the relay got there first
+	c.Dispatch++
+	f.claim(c, f.now.Add(2*time.Minute)) // c leased
+	listener, err := f.pool.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Release()
+	if _, err := listener.Exec(context.Background(), "LISTEN aurora_outbox"); err != nil {
+		t.Fatal(err)
+	}
+	at := f.now.Add(time.Second)
+	n, err := recallItems(context.Background(), f.pool, recallParams{Now: &at, Items: []deferredItem{
+		{ID: a.ID, Dispatch: a.Dispatch + 1}, {ID: b.ID, Dispatch: b.Dispatch + 1},
+		{ID: c.ID, Dispatch: c.Dispatch}, {ID: e.ID, Dispatch: e.Dispatch + 2},
+	}})
+	if err != nil || n != 1 {
+		t.Fatalf("recall moved %d, %v; want 1", n, err)
+	}
+	if got := f.get(a.ID); got.State != outbox.StatePending || got.Dispatch != 2 || !got.NextAttemptAt.Equal(at) {
+		t.Fatalf("recalled row %+v", got)
+	}
+	for _, id := range []int64{b.ID, e.ID} {
+		if got := f.get(id); !got.NextAttemptAt.Equal(f.now.Add(time.Minute)) {
+			t.Fatalf("row %d moved: %+v", id, got)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := listener.Conn().WaitForNotification(ctx); err != nil {
+		t.Fatalf("the relay's channel was not notified: %v", err)
+	}
+	// nothing moved: no notification
+	if n, err := recallItems(context.Background(), f.pool, recallParams{Now: &at, Items: []deferredItem{{ID: a.ID, Dispatch: a.Dispatch + 1}}}); err != nil || n != 0 {
+		t.Fatalf("second recall moved %d, %v", n, err)
+	}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel2()
+	if nt, err := listener.Conn().WaitForNotification(ctx2); err == nil {
+		t.Fatalf("notified although nothing moved: %+v", nt)
+	}
+}
+
 // TestEveryColumnHasAWriter: shared/outbox.ColumnWriters names who writes each
 // column of outbox_items; a column added without saying so fails here.
 func TestEveryColumnHasAWriter(t *testing.T) {

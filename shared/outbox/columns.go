@@ -36,7 +36,7 @@ var ColumnWriters = map[string]string{
 	"lease_token":         "claim (+1 on every lease); never decreases",
 	"lease_expires_at":    "claim (now + lease); record and recovery requeue (cleared)",
 	"attempts":            "claim (+1 on every lease)",
-	"next_attempt_at":     "stage (now); record (now + backoff on retry); defer (later, for a lane over its share); recovery requeue (now)",
+	"next_attempt_at":     "stage (now); record (now + backoff on retry); defer (later, for a lane over its share); recall (now, once the deferring lane has room); recovery requeue (now)",
 	"first_attempt_at":    "claim (the first lease's now; kept afterwards)",
 	"dispatch":            "record (+1 on retry); defer (+1); relay sweep (+1 for a message presumed lost); recovery requeue (+1)",
 	"published_dispatch":  "relay (the dispatch JetStream acknowledged)",
