@@ -80,6 +80,7 @@ var ErrSetup = errors.New("chaos: setup failed")
 type postgresCluster struct {
 	proc *proc
 	port int
+	tmp  string // the cluster's own directory when run as root ("" = under the work directory)
 }
 
 func startPostgres(ctx context.Context, dir string) (*postgresCluster, error) {
@@ -88,13 +89,12 @@ func startPostgres(ctx context.Context, dir string) (*postgresCluster, error) {
 		return nil, err
 	}
 	var cred *syscall.Credential
-	data, sock := filepath.Join(dir, "pg"), filepath.Join(dir, "pgsock")
-	for _, d := range []string{data, sock} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, err
-		}
-	}
+	base := dir
+	var tmp string
 	if os.Geteuid() == 0 {
+		// Postgres refuses to run as root: the cluster runs as the
+		// postgres user, in a directory of its own under the system's
+		// temporary directory (dir's parents may not let it through).
 		u, err := user.Lookup("postgres")
 		if err != nil {
 			return nil, fmt.Errorf("%w: running as root needs a postgres user for the cluster: %w", ErrSetup, err)
@@ -102,13 +102,23 @@ func startPostgres(ctx context.Context, dir string) (*postgresCluster, error) {
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)
 		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		for _, d := range []string{dir, data, sock} {
-			if err := os.Chown(d, uid, gid); err != nil {
+		if tmp, err = os.MkdirTemp("", "aurora-chaos-pg-"); err != nil {
+			return nil, err
+		}
+		if err := os.Chown(tmp, uid, gid); err != nil {
+			return nil, err
+		}
+		base = tmp
+	}
+	data, sock := filepath.Join(base, "pg"), filepath.Join(base, "pgsock")
+	for _, d := range []string{data, sock} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+		if cred != nil {
+			if err := os.Chown(d, int(cred.Uid), int(cred.Gid)); err != nil {
 				return nil, err
 			}
-		}
-		if err := os.Chmod(dir, 0o755); err != nil {
-			return nil, err
 		}
 	}
 	cmd := exec.CommandContext(ctx, initdb, "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
@@ -128,7 +138,7 @@ func startPostgres(ctx context.Context, dir string) (*postgresCluster, error) {
 	if err := p.start(); err != nil {
 		return nil, err
 	}
-	pc := &postgresCluster{proc: p, port: port}
+	pc := &postgresCluster{proc: p, port: port, tmp: tmp}
 	if err := pc.waitReady(ctx, 30*time.Second); err != nil {
 		p.stop(5 * time.Second)
 		return nil, err

@@ -148,19 +148,33 @@ func (r *run) fire(ctx context.Context, pl Planned) Fault {
 			target = r.relay
 		}
 	case FaultKillOwner:
-		owners := r.owners(ctx)
-		best, bestHot := -1, -1
-		for i, p := range r.dels {
-			if p.current() != procRunning {
-				continue
+		// The owner of the most hot partitions; while a take-over is
+		// under way nobody may own them yet: wait for one (a bounded
+		// while), so the kills hit owners, repeatedly.
+		waitUntil := time.Now().Add(time.Duration(r.o.PinnedTTLSeconds)*time.Second + 10*time.Second)
+		for {
+			owners := r.owners(ctx)
+			best, bestHot := -1, -1
+			for i, p := range r.dels {
+				if p.current() != procRunning {
+					continue
+				}
+				if h := len(r.hotOf(owners[i])); h > bestHot {
+					best, bestHot = i, h
+				}
 			}
-			if h := len(r.hotOf(owners[i])); h > bestHot {
-				best, bestHot = i, h
+			if best >= 0 && (bestHot > 0 || time.Now().After(waitUntil)) {
+				target = r.dels[best]
+				f.Owned, f.Hot = owners[best], r.hotOf(owners[best])
+				break
 			}
-		}
-		if best >= 0 {
-			target = r.dels[best]
-			f.Owned, f.Hot = owners[best], r.hotOf(owners[best])
+			if best < 0 && time.Now().After(waitUntil) || ctx.Err() != nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(250 * time.Millisecond):
+			}
 		}
 	case FaultKillDeliverer, FaultStopCont:
 		var up []int

@@ -492,5 +492,8 @@ func (r *run) teardown() {
 	}
 	if r.pg != nil {
 		r.pg.proc.stop(20 * time.Second)
+		if r.pg.tmp != "" {
+			os.RemoveAll(r.pg.tmp)
+		}
 	}
 }
