@@ -27,6 +27,10 @@ type Report struct {
 	Overlaps429    int               `json:"overlaps_429"`     // 429 "one concurrent call per customer and meter" answers
 	RateLimited429 int               `json:"rate_limited_429"` // other 429s
 	Reclaimed      int               `json:"reclaimed"`        // items claimed more than once (attempts > 1)
+	// Orphaned: leases that ended without an outcome (a lease token with
+	// no attempt row): the items a killed or stopped owner held, which
+	// waited for their lease to expire before anyone claimed them again.
+	Orphaned int `json:"orphaned_leases"`
 	// OwnerKills: kill_owner faults that hit hot partitions, with how long
 	// the hot lanes they owned waited for their next acceptance.
 	OwnerKills     []LaneWait `json:"owner_kills"`
@@ -116,6 +120,10 @@ func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if err := r.pool.QueryRow(ctx, `SELECT coalesce(sum(o.lease_token - (SELECT count(*) FROM outbox_attempts a WHERE a.item_id = o.id)), 0)
+		FROM outbox_items o`).Scan(&rep.Orphaned); err != nil {
 		return nil, err
 	}
 	var applied struct {

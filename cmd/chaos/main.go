@@ -109,7 +109,7 @@ func printReport(r *chaos.Report) {
 	fmt.Fprintf(w, "  mismatched       %d\n", r.Mismatched)
 	fmt.Fprintf(w, "  quantity         committed %d, applied %.0f\n", r.Committed, r.Applied)
 	fmt.Fprintf(w, "  429 overlaps     %d (one call per customer and meter), other 429 %d\n", r.Overlaps429, r.RateLimited429)
-	fmt.Fprintf(w, "  reclaimed        %d items claimed more than once\n", r.Reclaimed)
+	fmt.Fprintf(w, "  reclaimed        %d items claimed more than once; %d leases ended without an outcome (held by a killed or stopped owner: they waited for the lease)\n", r.Reclaimed, r.Orphaned)
 	fmt.Fprintf(w, "  owner kills      %d hitting hot lanes; lane wait to next acceptance p50 %.1fs, max %.1fs\n", len(r.OwnerKills), r.LaneWaitP50, r.LaneWaitMax)
 	fmt.Fprintf(w, "  staged→accepted  p50 %.2fs, p99 %.2fs, max %.2fs\n", r.AcceptP50, r.AcceptP99, r.AcceptMax)
 	fmt.Fprintf(w, "  drained          %t, %.1fs after the load; run %.0fs\n", r.Drained, r.DrainSeconds, r.ElapsedSeconds)
