@@ -27,10 +27,16 @@ type Report struct {
 	Overlaps429    int               `json:"overlaps_429"`     // 429 "one concurrent call per customer and meter" answers
 	RateLimited429 int               `json:"rate_limited_429"` // other 429s
 	Reclaimed      int               `json:"reclaimed"`        // items claimed more than once (attempts > 1)
-	// Orphaned: leases that ended without an outcome (a lease token with
-	// no attempt row): the items a killed or stopped owner held, which
-	// waited for their lease to expire before anyone claimed them again.
-	Orphaned int `json:"orphaned_leases"`
+	// StaleLeases: leases that ended without an outcome, written
+	// stale_lease by the claim that took the row over: the items a killed
+	// or stopped owner held, which waited for their lease to expire.
+	StaleLeases int `json:"stale_leases"`
+	// StaleLeaseWaitP50, StaleLeaseWaitMax: how long those items waited,
+	// from the dead holder's lease to the take-over, in seconds.
+	StaleLeaseWaitP50 float64 `json:"stale_lease_wait_p50_seconds"`
+	StaleLeaseWaitMax float64 `json:"stale_lease_wait_max_seconds"`
+	// Attempts: every attempt row by outcome (retries, 429s, stale leases).
+	Attempts map[string]int `json:"attempts"`
 	// OwnerKills: kill_owner faults that hit hot partitions, with how long
 	// the hot lanes they owned waited for their next acceptance.
 	OwnerKills     []LaneWait `json:"owner_kills"`
@@ -122,9 +128,32 @@ func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	if err := r.pool.QueryRow(ctx, `SELECT coalesce(sum(o.lease_token - (SELECT count(*) FROM outbox_attempts a WHERE a.item_id = o.id)), 0)
-		FROM outbox_items o`).Scan(&rep.Orphaned); err != nil {
+	rep.Attempts = map[string]int{}
+	arows, err := r.pool.Query(ctx, `SELECT outcome::text, extract(epoch FROM finished_at - started_at)::float8 FROM outbox_attempts`)
+	if err != nil {
 		return nil, err
+	}
+	var stale []float64
+	for arows.Next() {
+		var outcome string
+		var took float64
+		if err := arows.Scan(&outcome, &took); err != nil {
+			arows.Close()
+			return nil, err
+		}
+		rep.Attempts[outcome]++
+		if outcome == "stale_lease" {
+			stale = append(stale, took)
+		}
+	}
+	arows.Close()
+	if err := arows.Err(); err != nil {
+		return nil, err
+	}
+	sort.Float64s(stale)
+	rep.StaleLeases, rep.StaleLeaseWaitP50 = len(stale), quantile(stale, 0.5)
+	if len(stale) > 0 {
+		rep.StaleLeaseWaitMax = stale[len(stale)-1]
 	}
 	var applied struct {
 		Data []appliedEvent `json:"data"`
