@@ -14,6 +14,7 @@ import (
 type Report struct {
 	Seed           uint64            `json:"seed"`
 	Command        string            `json:"command"`
+	NATSNodes      int               `json:"nats_nodes"`
 	Items          int               `json:"items"`            // staged by the producer
 	Staged         int               `json:"staged_rows"`      // outbox rows found
 	ByState        map[string]int    `json:"by_state"`         // rows per state
@@ -102,7 +103,7 @@ func getJSON(ctx context.Context, url string, v any) error {
 
 // check states the invariants over the database and the emulator.
 func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
-	rep := &Report{Seed: r.o.Seed, Command: r.o.Command, Items: prod.staged(), ByState: map[string]int{}, Faults: map[FaultKind]int{}}
+	rep := &Report{Seed: r.o.Seed, Command: r.o.Command, NATSNodes: r.o.NATSNodes, Items: prod.staged(), ByState: map[string]int{}, Faults: map[FaultKind]int{}}
 	for _, f := range r.faultList() {
 		if f.Skipped {
 			rep.FaultsSkipped++

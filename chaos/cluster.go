@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Binaries are the real programs the harness runs.
@@ -181,28 +183,111 @@ func (pc *postgresCluster) createDatabase(ctx context.Context, db string) error 
 	return err
 }
 
-// startNATS runs one JetStream server on a loopback port with its store in
-// dir/nats.
-func startNATS(ctx context.Context, bin, dir string) (*proc, string, error) {
-	port, err := freePort()
+// natsCluster is n nats-server processes on loopback, clustered (routes
+// between every pair) when n > 1, each with its own file store under
+// dir/nats-<i>; restarted on the same ports and store.
+type natsCluster struct {
+	nodes []*proc
+	names []string // server names, n0, n1, …
+	urls  []string // client URLs, by node
+}
+
+// url is the client URL list every service is given (nats.go takes a
+// comma-separated list and reconnects to any node).
+func (c *natsCluster) url() string { return strings.Join(c.urls, ",") }
+
+func startNATS(ctx context.Context, bin, dir string, n int) (*natsCluster, error) {
+	c := &natsCluster{}
+	var routes []string
+	clientPorts := make([]int, n)
+	clusterPorts := make([]int, n)
+	for i := range n {
+		var err error
+		if clientPorts[i], err = freePort(); err != nil {
+			return nil, err
+		}
+		if clusterPorts[i], err = freePort(); err != nil {
+			return nil, err
+		}
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", clusterPorts[i]))
+	}
+	for i := range n {
+		store := filepath.Join(dir, fmt.Sprintf("nats-%d", i))
+		if err := os.MkdirAll(store, 0o755); err != nil {
+			return nil, err
+		}
+		name := fmt.Sprintf("n%d", i)
+		args := []string{"-a", "127.0.0.1", "-p", strconv.Itoa(clientPorts[i]), "-js", "-sd", store, "--server_name", name}
+		if n > 1 {
+			args = append(args, "--cluster_name", "aurora-chaos", "--cluster", routes[i], "--routes", strings.Join(routes, ","))
+		}
+		p := &proc{name: "nats-" + strconv.Itoa(i), bin: bin, dir: dir, env: os.Environ(), args: args}
+		if err := p.start(); err != nil {
+			c.stop()
+			return nil, err
+		}
+		c.nodes = append(c.nodes, p)
+		c.names = append(c.names, name)
+		c.urls = append(c.urls, fmt.Sprintf("nats://127.0.0.1:%d", clientPorts[i]))
+	}
+	for _, u := range c.urls {
+		if err := waitTCP(ctx, strings.TrimPrefix(u, "nats://"), 20*time.Second); err != nil {
+			c.stop()
+			return nil, err
+		}
+	}
+	if err := c.waitJetStream(ctx, 60*time.Second); err != nil {
+		c.stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+// waitJetStream waits until the cluster answers JetStream requests (a
+// meta leader is elected).
+func (c *natsCluster) waitJetStream(ctx context.Context, timeout time.Duration) error {
+	nc, err := nats.Connect(c.url(), nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1))
 	if err != nil {
-		return nil, "", err
+		return err
 	}
-	store := filepath.Join(dir, "nats")
-	if err := os.MkdirAll(store, 0o755); err != nil {
-		return nil, "", err
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
 	}
-	p := &proc{name: "nats", bin: bin, dir: dir, env: os.Environ(),
-		args: []string{"-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", store}}
-	if err := p.start(); err != nil {
-		return nil, "", err
+	deadline := time.Now().Add(timeout)
+	for {
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := js.AccountInfo(actx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: JetStream not ready after %s: %w", ErrSetup, timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(300 * time.Millisecond):
+		}
 	}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	if err := waitTCP(ctx, addr, 20*time.Second); err != nil {
-		p.stop(5 * time.Second)
-		return nil, "", err
+}
+
+func (c *natsCluster) stop() {
+	for _, p := range c.nodes {
+		p.stop(10 * time.Second)
 	}
-	return p, "nats://" + addr, nil
+}
+
+// node returns the node called name, nil when none is.
+func (c *natsCluster) node(name string) *proc {
+	for i, n := range c.names {
+		if n == name {
+			return c.nodes[i]
+		}
+	}
+	return nil
 }
 
 // waitHTTP waits until GET url answers 200.

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/aurora-billing/aurora/shared/outbox"
 )
 
 // FaultKind names a fault the harness injects.
@@ -30,8 +32,18 @@ const (
 	FaultKillRelay FaultKind = "kill_relay"
 )
 
+// The faults of a NATS cluster (Options.NATSNodes > 1).
+const (
+	// FaultKillStreamLeader: kill -9 the nats-server leading AURORA_OUTBOX,
+	// restart it (same store) after the downtime.
+	FaultKillStreamLeader FaultKind = "kill_stream_leader"
+	// FaultKillStreamFollower: kill -9 a nats-server that replicates
+	// AURORA_OUTBOX without leading it.
+	FaultKillStreamFollower FaultKind = "kill_stream_follower"
+)
+
 // Kinds lists every fault kind, in a fixed order (the schedule draws by it).
-var Kinds = []FaultKind{FaultKillOwner, FaultKillDeliverer, FaultStopCont, FaultKillRelay}
+var Kinds = []FaultKind{FaultKillOwner, FaultKillDeliverer, FaultStopCont, FaultKillRelay, FaultKillStreamLeader, FaultKillStreamFollower}
 
 // DefaultWeights: the short mode's mix.
 func DefaultWeights() map[FaultKind]float64 {
@@ -71,7 +83,12 @@ func Schedule(seed uint64, span time.Duration, gap [2]time.Duration, weights map
 			return out
 		}
 		x := rng.Float64() * total
-		kind := Kinds[len(Kinds)-1]
+		var kind FaultKind
+		for _, k := range Kinds {
+			if weights[k] > 0 {
+				kind = k // the last kind with a weight, should rounding leave x ≥ 0
+			}
+		}
 		for _, k := range Kinds {
 			if x < weights[k] {
 				kind = k
@@ -93,6 +110,8 @@ func Schedule(seed uint64, span time.Duration, gap [2]time.Duration, weights map
 			}
 		case FaultKillRelay:
 			down = between(200*time.Millisecond, 2*time.Second)
+		case FaultKillStreamLeader, FaultKillStreamFollower:
+			down = between(1*time.Second, 5*time.Second)
 		}
 		out = append(out, Planned{At: at, Kind: kind, Down: down, Pick: rng.Float64()})
 	}
@@ -147,6 +166,8 @@ func (r *run) fire(ctx context.Context, pl Planned) Fault {
 		if r.relay.current() == procRunning {
 			target = r.relay
 		}
+	case FaultKillStreamLeader, FaultKillStreamFollower:
+		target = r.streamNode(ctx, pl.Kind == FaultKillStreamLeader, pl.Pick)
 	case FaultKillOwner:
 		// The owner of the most hot partitions; while a take-over is
 		// under way nobody may own them yet: wait for one (a bounded
@@ -222,6 +243,41 @@ func (r *run) fire(ctx context.Context, pl Planned) Fault {
 		}
 	})
 	return f
+}
+
+// streamNode returns the running nats-server leading AURORA_OUTBOX
+// (leader) or one of its running followers (picked by pick), nil when the
+// cluster does not say (no leader now, or a single node).
+func (r *run) streamNode(ctx context.Context, leader bool, pick float64) *proc {
+	if len(r.nats.nodes) < 2 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	s, err := r.js.Stream(ctx, outbox.StreamName)
+	if err != nil {
+		return nil
+	}
+	info, err := s.Info(ctx)
+	if err != nil || info.Cluster == nil || info.Cluster.Leader == "" {
+		return nil
+	}
+	if leader {
+		if p := r.nats.node(info.Cluster.Leader); p != nil && p.current() == procRunning {
+			return p
+		}
+		return nil
+	}
+	var up []*proc
+	for _, peer := range info.Cluster.Replicas {
+		if p := r.nats.node(peer.Name); p != nil && p.current() == procRunning && peer.Current {
+			up = append(up, p)
+		}
+	}
+	if len(up) == 0 {
+		return nil
+	}
+	return up[int(pick*float64(len(up)))]
 }
 
 // hotOf returns the partitions of parts that carry a hot tenant's lane.

@@ -16,6 +16,8 @@ import (
 	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Options configure one run. Zero fields take the kill trial's values
@@ -45,6 +47,9 @@ type Options struct {
 	PinnedTTLSeconds int
 	// Partitions of AURORA_OUTBOX (AURORA_OUTBOX_PARTITIONS).
 	Partitions int
+	// NATSNodes: nats-server processes, clustered when more than one;
+	// AURORA_OUTBOX and AURORA_EVENTS get that many replicas (1 or 3).
+	NATSNodes int
 	// EmulatorFaults: the emulator's fault spec (stripeemulator.ParseFaults),
 	// default "latency=20ms".
 	EmulatorFaults string
@@ -70,7 +75,7 @@ func KillTrial(seed uint64) Options {
 	return Options{Seed: seed, Items: 10000, HotTenants: 4, ColdTenants: 40, HotShare: 0.6,
 		StageFor: 120 * time.Second, FaultGap: [2]time.Duration{2 * time.Second, 5 * time.Second},
 		Weights:    map[FaultKind]float64{FaultKillOwner: 0.6, FaultStopCont: 0.2, FaultKillRelay: 0.2},
-		Deliverers: 3, LeaseSeconds: 30, PinnedTTLSeconds: 10, Partitions: 16, EmulatorFaults: "latency=20ms",
+		Deliverers: 3, LeaseSeconds: 30, PinnedTTLSeconds: 10, Partitions: 16, NATSNodes: 1, EmulatorFaults: "latency=20ms",
 		DrainTimeout: 3 * time.Minute}
 }
 
@@ -80,7 +85,7 @@ func Short(seed uint64) Options {
 	o := KillTrial(seed)
 	o.Items = 3000
 	o.StageFor = 150 * time.Second
-	o.FaultGap = [2]time.Duration{1500 * time.Millisecond, 3500 * time.Millisecond}
+	o.FaultGap = [2]time.Duration{1200 * time.Millisecond, 3 * time.Second}
 	o.Weights = DefaultWeights()
 	o.LeaseSeconds = 20
 	o.DrainTimeout = 100 * time.Second
@@ -122,6 +127,16 @@ func (o *Options) defaults() {
 	if o.Partitions <= 0 {
 		o.Partitions = d.Partitions
 	}
+	if o.NATSNodes <= 0 {
+		o.NATSNodes = d.NATSNodes
+	}
+	if o.NATSNodes > 1 && o.Weights[FaultKillStreamLeader] == 0 && o.Weights[FaultKillStreamFollower] == 0 {
+		w := map[FaultKind]float64{FaultKillStreamLeader: 0.15, FaultKillStreamFollower: 0.1}
+		for k, v := range o.Weights {
+			w[k] = v
+		}
+		o.Weights = w
+	}
 	if o.EmulatorFaults == "" {
 		o.EmulatorFaults = d.EmulatorFaults
 	}
@@ -160,8 +175,10 @@ type run struct {
 	o          Options
 	dir        string
 	pg         *postgresCluster
-	nats       *proc
+	nats       *natsCluster
 	natsURL    string
+	nc         *nats.Conn // the harness's own connection (stream leaders)
+	js         jetstream.JetStream
 	emu        *proc
 	emuURL     string
 	relay      *proc
@@ -241,7 +258,15 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 	if _, err := migrations.Up(ctx, r.dbURL); err != nil {
 		return nil, err
 	}
-	if r.nats, r.natsURL, err = startNATS(ctx, r.o.Bin.NATSServer, r.dir); err != nil {
+	r.logf("starting %d nats-server node(s)", o.NATSNodes)
+	if r.nats, err = startNATS(ctx, r.o.Bin.NATSServer, r.dir, o.NATSNodes); err != nil {
+		return nil, err
+	}
+	r.natsURL = r.nats.url()
+	if r.nc, err = nats.Connect(r.natsURL, nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true)); err != nil {
+		return nil, err
+	}
+	if r.js, err = jetstream.New(r.nc); err != nil {
 		return nil, err
 	}
 	if err := r.startEmulator(ctx); err != nil {
@@ -375,7 +400,8 @@ func (r *run) startServices(ctx context.Context) error {
 	r.relayHTTP = "127.0.0.1:" + strconv.Itoa(port)
 	r.relay = &proc{name: "relay", bin: r.o.Bin.Aurora, dir: r.dir, args: []string{"relay"}, env: env(
 		"AURORA_DATABASE_URL="+r.dbURL, "AURORA_NATS_URL="+r.natsURL, "AURORA_RELAY_HTTP_ADDR="+r.relayHTTP,
-		"AURORA_RELAY_POLL_MS=200", "AURORA_OUTBOX_PARTITIONS="+strconv.Itoa(r.o.Partitions), "AURORA_OUTBOX_STREAM_REPLICAS=1")}
+		"AURORA_RELAY_POLL_MS=200", "AURORA_OUTBOX_PARTITIONS="+strconv.Itoa(r.o.Partitions),
+		"AURORA_OUTBOX_STREAM_REPLICAS="+strconv.Itoa(r.o.NATSNodes), "AURORA_EVENTS_STREAM_REPLICAS="+strconv.Itoa(r.o.NATSNodes))}
 	if err := r.relay.start(); err != nil {
 		return err
 	}
@@ -414,7 +440,7 @@ func (r *run) startServices(ctx context.Context) error {
 // every service is ready again.
 func (r *run) heal(ctx context.Context) error {
 	r.waitPending()
-	for _, p := range append([]*proc{r.relay}, r.dels...) {
+	for _, p := range append(append(append([]*proc{}, r.nats.nodes...), r.relay), r.dels...) {
 		switch p.current() {
 		case procStopped:
 			_ = p.signal(sigCont)
@@ -485,10 +511,14 @@ func (r *run) teardown() {
 	if r.pool != nil {
 		r.pool.Close()
 	}
-	for _, p := range []*proc{r.emu, r.nats} {
-		if p != nil {
-			p.stop(10 * time.Second)
-		}
+	if r.nc != nil {
+		r.nc.Close()
+	}
+	if r.emu != nil {
+		r.emu.stop(10 * time.Second)
+	}
+	if r.nats != nil {
+		r.nats.stop()
 	}
 	if r.pg != nil {
 		r.pg.proc.stop(20 * time.Second)

@@ -44,6 +44,7 @@ func run(ctx context.Context, args []string) int {
 	dir := fs.String("dir", "", "work directory for logs and data (default: a temporary one, removed after a green run)")
 	keep := fs.Bool("keep", false, "keep the work directory after a green run")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	natsNodes := fs.Int("nats-nodes", 0, "nats-server nodes: 1, or 3 (a cluster, streams at 3 replicas, the stream leader and followers killed too); 0 = the mode's")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -65,6 +66,17 @@ func run(ctx context.Context, args []string) int {
 	if *stageFor > 0 {
 		o.StageFor = *stageFor
 		cmd = append(cmd, "--stage-for", stageFor.String())
+	}
+	switch *natsNodes {
+	case 0:
+	case 1, 3:
+		if *natsNodes != o.NATSNodes {
+			cmd = append(cmd, "--nats-nodes", fmt.Sprint(*natsNodes))
+		}
+		o.NATSNodes = *natsNodes
+	default:
+		fmt.Fprintf(os.Stderr, "chaos: --nats-nodes must be 1 or 3, got %d\n", *natsNodes)
+		return 2
 	}
 	o.Dir, o.Keep, o.Command, o.Progress = *dir, *keep, strings.Join(cmd, " "), os.Stderr
 	rep, err := chaos.Run(ctx, o)
