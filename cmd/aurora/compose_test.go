@@ -400,7 +400,7 @@ func (e *composeEnv) rewrite(service string, replica int, v string) (string, err
 	}
 	u, err := url.Parse(v)
 	if err != nil || u.Host == "" {
-		return e.rewritePath(service, v), nil
+		return e.rewritePath(v), nil
 	}
 	host, port := u.Hostname(), u.Port()
 	switch {
@@ -445,11 +445,10 @@ func (e *composeEnv) rewrite(service string, replica int, v string) (string, err
 
 // rewritePath maps a path under a named volume's mount point to the
 // test's directory for that volume.
-func (e *composeEnv) rewritePath(service, v string) string {
+func (e *composeEnv) rewritePath(v string) string {
 	if !strings.HasPrefix(v, "/") {
 		return v
 	}
-	_ = service
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for mount, dir := range e.volumes {
