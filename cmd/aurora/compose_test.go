@@ -46,6 +46,14 @@ func TestComposeServicesBecomeHealthy(t *testing.T) {
 	img := readDockerfile(t, filepath.Join(root, "Dockerfile"))
 	bin := t.TempDir()
 	img.build(t, root, bin)
+	if out, err := exec.Command("docker", "compose", "version").CombinedOutput(); err == nil {
+		cmd := exec.Command("docker", "compose", "-f", filepath.Join(root, "compose.yaml"), "config", "-q")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("docker compose config: %v\n%s", err, out)
+		}
+	} else {
+		t.Logf("no compose client (%v: %s): compose.yaml is read by this test alone", err, bytes.TrimSpace(out))
+	}
 
 	env := &composeEnv{
 		t:       t,
@@ -361,12 +369,14 @@ type composeEnv struct {
 }
 
 var (
-	listenAddr    = regexp.MustCompile(`^(0\.0\.0\.0|\[::\]|)?:(\d+)$`)
+	// a bare host:port in a service's environment is an address it
+	// listens on (inside its container 127.0.0.1 is its own)
+	listenAddr    = regexp.MustCompile(`^(0\.0\.0\.0|\[::\]|127\.0\.0\.1|localhost|)?:(\d+)$`)
 	interpolation = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(:?-([^}]*))?\}`)
 )
 
-// allocatePorts gives every port a service listens on (a 0.0.0.0:PORT
-// value in its environment) a free local port per replica.
+// allocatePorts gives every port a service listens on (a 0.0.0.0:PORT or
+// 127.0.0.1:PORT value in its environment) a free local port per replica.
 func (e *composeEnv) allocatePorts(name string, s composeService) {
 	replicas := max(1, s.Deploy.Replicas)
 	for _, v := range s.Environment {
