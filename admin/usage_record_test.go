@@ -2,10 +2,14 @@ package admin
 
 import (
 	"encoding/json"
+	"maps"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/aurora-billing/aurora/migrations/dbtest"
+	"github.com/aurora-billing/aurora/shared/outbox"
 )
 
 func TestUsageRecord(t *testing.T) {
@@ -18,6 +22,7 @@ func TestUsageRecord(t *testing.T) {
 		v.Item.DestinationAccount != "acct_rec" || v.Item.SubjectRef != "event:req-1" {
 		t.Fatalf("record: %d %q %q", code, out, errOut)
 	}
+	assertItemJSONKeys(t, out, v.Item)
 	code, out, _ = runCtl(t, env, ev...)
 	if code != 0 || !strings.HasPrefix(out, "already recorded (same content) event req-1: item ") {
 		t.Fatalf("again: %d %q", code, out)
@@ -57,5 +62,42 @@ func TestUsageRecord(t *testing.T) {
 	}
 	if code, _, errOut := runCtl(t, env, "usage", "record", "--tenant", "org_1"); code != ExitInvalidInput || !strings.Contains(errOut, "required flag") {
 		t.Fatalf("missing flags: %d %q", code, errOut)
+	}
+}
+
+// The item of `usage record --json` is named as the rest of auroractl's
+// JSON: snake_case keys, the identity's among them (an outbox.Row embeds
+// identity.Identity, which printed Tenant, SubjectKind, … before it had
+// tags), and exactly the keys `recovery inspect --json` prints for an item.
+func assertItemJSONKeys(t *testing.T, out string, row outbox.Row) {
+	t.Helper()
+	var got struct {
+		Item map[string]json.RawMessage `json:"item"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	snake := regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
+	for k := range got.Item {
+		if !snake.MatchString(k) {
+			t.Errorf("item key %q is not snake_case", k)
+		}
+	}
+	for k, want := range map[string]string{"tenant": `"org_1"`, "subject_kind": `"event"`, "subject_ref": `"event:req-1"`,
+		"exporter": `"stripe_meter_events"`, "destination_account": `"acct_rec"`, "mode": `"test"`, "mapping_version": `0`} {
+		if string(got.Item[k]) != want {
+			t.Errorf("item %s = %s, want %s", k, got.Item[k], want)
+		}
+	}
+	b, err := json.Marshal(recoveryItemOf(row))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inspect map[string]json.RawMessage
+	if err := json.Unmarshal(b, &inspect); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := slices.Sorted(maps.Keys(got.Item)), slices.Sorted(maps.Keys(inspect)); !slices.Equal(a, b) {
+		t.Errorf("usage record item keys %v, recovery inspect item keys %v", a, b)
 	}
 }

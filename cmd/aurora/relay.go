@@ -21,9 +21,12 @@ type relayConfig struct {
 	config.NATS
 	relay.Config
 	// Events configures the domain-event dispatcher the relay runs beside
-	// the export relay (AURORA_EVENTS_*, see shared/events.Config; each
-	// knob has its range there and in docs/events.md).
-	Events events.Config
+	// the export relay: AURORA_EVENTS_DISPATCH_*, the publish timeout, the
+	// stream's and retention's (shared/events.DispatcherConfig; each knob
+	// has its range there and in docs/events.md). The consumers' knobs
+	// (AURORA_EVENTS_CONSUMER_*, AURORA_EVENTS_CATCH_UP_LIMIT) are not the
+	// relay's: a consumer process reads them.
+	Events events.DispatcherConfig
 	// HTTPAddr serves /healthz, /readyz and /metrics. AURORA_RELAY_HTTP_ADDR,
 	// default 127.0.0.1:9101; empty disables the listener.
 	HTTPAddr string `env:"RELAY_HTTP_ADDR" envDefault:"127.0.0.1:9101"`
@@ -60,7 +63,9 @@ Configuration: AURORA_DATABASE_URL, AURORA_NATS_URL, AURORA_OUTBOX_BATCH_SIZE,
 AURORA_RELAY_POLL_MS, AURORA_RELAY_REDISPATCH_SECONDS, AURORA_RELAY_REDISPATCH_SCAN_MS,
 AURORA_RELAY_MAX_INFLIGHT, AURORA_RELAY_WORKERS, AURORA_RELAY_PUBLISH_TIMEOUT_MS,
 AURORA_OUTBOX_STREAM_REPLICAS, AURORA_OUTBOX_DUPLICATE_WINDOW_SECONDS, AURORA_RELAY_HTTP_ADDR,
-and the AURORA_EVENTS_* knobs (aurora relay --validate lists them all).`,
+and the dispatcher's AURORA_EVENTS_DISPATCH_*, AURORA_EVENTS_PUBLISH_TIMEOUT_MS,
+AURORA_EVENTS_STREAM_*, AURORA_EVENTS_DUPLICATE_WINDOW_SECONDS and AURORA_EVENTS_RETENTION_*
+knobs (aurora relay --validate lists them all; the AURORA_EVENTS_CONSUMER_* knobs are a consumer's).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var cfg relayConfig
@@ -122,13 +127,17 @@ func runRelay(cmd *cobra.Command, cfg relayConfig) error {
 	if err != nil {
 		return err
 	}
-	d, err := events.NewDispatcher(pool, ejs, cfg.Events, events.WithRegistry(reg), events.WithLogger(log))
+	d, err := events.NewDispatcher(pool, ejs, cfg.Events.Config(), events.WithRegistry(reg), events.WithLogger(log))
 	if err != nil {
 		return err
 	}
 	log.Info("relay: starting", "http_addr", cfg.HTTPAddr, slog.String("nats", redactURL(cfg.NATS.URL)))
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return ops.Serve(gctx, cfg.HTTPAddr, ops.Handler(reg, r.Checks()...)) })
+	// /readyz: Postgres, NATS, and the domain-event dispatcher running
+	// (not before the AURORA_EVENTS stream is ensured, e.g. while
+	// JetStream is unreachable or disabled).
+	checks := append(r.Checks(), ops.Check{Name: "events_dispatcher", Fn: d.Ready})
+	g.Go(func() error { return ops.Serve(gctx, cfg.HTTPAddr, ops.Handler(reg, checks...)) })
 	g.Go(func() error { return r.Run(gctx) })
 	g.Go(func() error { return d.Run(gctx) })
 	return g.Wait()

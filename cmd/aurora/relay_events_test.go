@@ -3,6 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"testing"
 	"time"
 
@@ -11,6 +15,7 @@ import (
 	"github.com/aurora-billing/aurora/shared/natstest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -140,4 +145,91 @@ func TestRelayValidateRefusesEventKnobsOutOfRange(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The relay's /readyz reports the domain-event dispatcher: on a NATS server
+// without JetStream (Postgres up, NATS connected) it answers 503 "not
+// ready: events_dispatcher" — it answered ready before, though nothing was
+// dispatched — and on one with JetStream it answers 200 once the
+// dispatcher runs.
+func TestRelayReadyzReportsTheEventDispatcher(t *testing.T) {
+	plain, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go plain.Start()
+	t.Cleanup(plain.Shutdown)
+	if !plain.ReadyForConnections(10 * time.Second) {
+		t.Fatal("plain NATS server not ready")
+	}
+	dbURL := dbtest.NewDatabase(t)
+	for _, tc := range []struct {
+		name, nats string
+		code       int
+		body       string
+	}{
+		{"without JetStream", plain.ClientURL(), http.StatusServiceUnavailable, "not ready: events_dispatcher\n"},
+		{"with JetStream", natstest.New(t).URL(), http.StatusOK, "ready\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := freeAddr(t)
+			t.Setenv("AURORA_DATABASE_URL", dbURL)
+			t.Setenv("AURORA_NATS_URL", tc.nats)
+			t.Setenv("AURORA_RELAY_HTTP_ADDR", addr)
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan int, 1)
+			go func() { done <- run(ctx, []string{"relay"}) }()
+			defer func() {
+				cancel()
+				select {
+				case <-done:
+				case <-time.After(30 * time.Second):
+					t.Error("aurora relay did not stop")
+				}
+			}()
+			var last string
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				code, body := httpGet(t, "http://"+addr+"/readyz")
+				last = fmt.Sprintf("%d %q", code, body)
+				if code == tc.code && body == tc.body {
+					break
+				}
+				select {
+				case c := <-done:
+					t.Fatalf("aurora relay exited %d; /readyz last answered %s", c, last)
+				default:
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("/readyz answered %s, want %d %q", last, tc.code, tc.body)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// freeAddr returns a 127.0.0.1 address whose port was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// httpGet returns the status and body of GET url, or 0 while nothing
+// answers.
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	c := http.Client{Timeout: 3 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/aurora-billing/aurora/inbox"
 	"github.com/aurora-billing/aurora/reconciler"
 	"github.com/aurora-billing/aurora/shared/config"
+	"github.com/aurora-billing/aurora/shared/events"
 	"github.com/spf13/cobra"
 )
 
@@ -37,11 +38,15 @@ func serviceConfigs() map[string]config.Validator {
 }
 
 // otherReaders are the readers of AURORA_* variables outside the services:
-// auroractl, and the tests.
+// auroractl, a domain-event consumer (an application's, or the example
+// ledger-example: shared/events' consumer knobs, and the stream's, which
+// it ensures), and the tests.
 func otherReaders() map[string][]string {
 	return map[string][]string{
 		"auroractl": admin.EnvVars(),
-		"tests":     {"AURORA_TEST_DATABASE_URL", "AURORA_TEST_PYTHON"},
+		"events consumer": append(config.Names(&events.ConsumerConfig{}),
+			"AURORA_EVENTS_STREAM_REPLICAS", "AURORA_EVENTS_STREAM_MAX_AGE_HOURS", "AURORA_EVENTS_DUPLICATE_WINDOW_SECONDS"),
+		"tests": {"AURORA_TEST_DATABASE_URL", "AURORA_TEST_PYTHON"},
 	}
 }
 

@@ -5,12 +5,15 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
 
 	"github.com/aurora-billing/aurora/shared/config"
+	"github.com/aurora-billing/aurora/shared/events"
 )
 
 var updateREADME = flag.Bool("update-readme", false, "rewrite the README's variable table from serviceConfigs")
@@ -84,7 +87,7 @@ const tableBegin, tableEnd = "<!-- variables: rendered from cmd/aurora/vars.go b
 func renderVarTable() string {
 	cfgs := serviceConfigs()
 	defaults := map[string]string{}
-	for _, cfg := range cfgs {
+	for _, cfg := range append(slices.Collect(maps.Values(cfgs)), &events.Config{}) {
 		for _, v := range config.Vars(cfg) {
 			if v.Default != "" {
 				defaults[v.Name] = v.Default
@@ -124,5 +127,29 @@ func TestREADMEVariableTable(t *testing.T) {
 			return
 		}
 		t.Fatalf("README.md's variable table is stale; run go test ./cmd/aurora -run TestREADMEVariableTable -update-readme\nwant:\n%s", want)
+	}
+}
+
+// The relay dispatches domain events and consumes none: it reads none of
+// the consumer knobs, says so for one that is set, and a consumer's knob
+// is not warned about as unknown (an events consumer reads it).
+func TestRelayReadsNoConsumerKnob(t *testing.T) {
+	t.Setenv("AURORA_EVENTS_CONSUMER_INTERVAL_MS", "100")
+	for _, n := range config.Names(&relayConfig{}) {
+		if strings.HasPrefix(n, "AURORA_EVENTS_CONSUMER_") || n == "AURORA_EVENTS_CATCH_UP_LIMIT" {
+			t.Errorf("the relay reads the consumer knob %s", n)
+		}
+	}
+	var out bytes.Buffer
+	if err := listVars(&out, "relay"); err != nil {
+		t.Fatal(err)
+	}
+	if want := "  AURORA_EVENTS_CONSUMER_INTERVAL_MS (read by events consumer)"; !strings.Contains(out.String(), want) {
+		t.Errorf("relay --validate lacks %q:\n%s", want, out.String())
+	}
+	var logs bytes.Buffer
+	warnUnknownVars(slog.New(slog.NewTextHandler(&logs, nil)))
+	if strings.Contains(logs.String(), "AURORA_EVENTS_CONSUMER_INTERVAL_MS") {
+		t.Errorf("a consumer knob warned about as unknown: %s", logs.String())
 	}
 }

@@ -63,6 +63,9 @@ func walkVars(v reflect.Value, prefix string, out *[]Var) {
 			}
 			continue
 		}
+		if tag == "-" { // a field that is not a variable (set by the program)
+			continue
+		}
 		name := prefix + tag
 		val, set := os.LookupEnv(name)
 		*out = append(*out, Var{Name: name, Value: shown(name, fv, val != ""), Default: f.Tag.Get("envDefault"), Set: set && val != ""})

@@ -31,10 +31,20 @@ const (
 	RetentionScanIntervalDefault = time.Hour
 )
 
-// Config holds every domain-event knob; the dispatcher and the consumers
-// read the same struct. Load it with config.Load (prefix AURORA_) or start
-// from DefaultConfig.
+// Config holds every domain-event knob: a consumer's (ConsumerConfig) and
+// the dispatcher's, the stream's and retention's (DispatcherConfig), which
+// a consumer reads too (it ensures the stream). Load it with config.Load
+// (prefix AURORA_) or start from DefaultConfig. A process that only
+// dispatches (aurora relay) loads a DispatcherConfig and reads no
+// AURORA_EVENTS_CONSUMER_* variable.
 type Config struct {
+	ConsumerConfig
+	DispatcherConfig
+}
+
+// ConsumerConfig holds the knobs only a consumer (Client.Consume) reads:
+// AURORA_EVENTS_CONSUMER_* and AURORA_EVENTS_CATCH_UP_LIMIT.
+type ConsumerConfig struct {
 	// ConsumerIntervalMS: the catch-up loop's period (seed 004's
 	// event_consumer_interval_ms). AURORA_EVENTS_CONSUMER_INTERVAL_MS,
 	// default 5000, 100..600000.
@@ -63,7 +73,12 @@ type Config struct {
 	// (ReasonMaxDeliveries). AURORA_EVENTS_CONSUMER_MAX_DELIVER, default 20,
 	// 2..1000 and more than ConsumerMaxAttempts.
 	ConsumerMaxDeliver int `env:"EVENTS_CONSUMER_MAX_DELIVER" envDefault:"20"`
+}
 
+// DispatcherConfig holds the knobs the dispatcher reads (AURORA_EVENTS_
+// DISPATCH_*, the publish timeout, the stream's and retention's); a
+// consumer reads the stream's too.
+type DispatcherConfig struct {
 	// DispatchBatchSize: events claimed and published per transaction.
 	// AURORA_EVENTS_DISPATCH_BATCH_SIZE, default 100, 1..1000.
 	DispatchBatchSize int `env:"EVENTS_DISPATCH_BATCH_SIZE" envDefault:"100"`
@@ -116,32 +131,49 @@ type Config struct {
 func DefaultConfig() Config {
 	ms := func(d time.Duration) int { return int(d / time.Millisecond) }
 	return Config{
-		ConsumerIntervalMS:     ms(ConsumerIntervalDefault),
-		CatchUpLimit:           CatchUpLimitDefault,
-		ConsumerMaxAttempts:    ConsumerMaxAttemptsDefault,
-		ConsumerBackoffBaseMS:  ms(ConsumerBackoffBaseDefault),
-		ConsumerBackoffCapMS:   ms(ConsumerBackoffCapDefault),
-		ConsumerAckWaitSeconds: int(ConsumerAckWaitDefault / time.Second),
-		ConsumerMaxDeliver:     ConsumerMaxDeliverDefault,
-		DispatchBatchSize:      DispatchBatchSizeDefault,
-		DispatchPollMS:         ms(DispatchPollDefault),
-		DispatchLeaseSeconds:   int(DispatchLeaseDefault / time.Second),
-		DispatchMaxAttempts:    DispatchMaxAttemptsDefault,
-		DispatchBackoffBaseMS:  ms(DispatchBackoffBaseDefault),
-		DispatchBackoffCapMS:   ms(DispatchBackoffCapDefault),
-		PublishTimeoutMS:       ms(PublishTimeoutDefault),
-		StreamReplicas:         StreamReplicasDefault,
-		StreamMaxAgeHours:      int(StreamMaxAgeDefault / time.Hour),
-		DuplicateWindowSeconds: int(DuplicateWindowDefault / time.Second),
-		RetentionHours:         int(RetentionDefault / time.Hour),
-		RetentionScanSeconds:   int(RetentionScanIntervalDefault / time.Second),
+		ConsumerConfig: ConsumerConfig{
+			ConsumerIntervalMS:     ms(ConsumerIntervalDefault),
+			CatchUpLimit:           CatchUpLimitDefault,
+			ConsumerMaxAttempts:    ConsumerMaxAttemptsDefault,
+			ConsumerBackoffBaseMS:  ms(ConsumerBackoffBaseDefault),
+			ConsumerBackoffCapMS:   ms(ConsumerBackoffCapDefault),
+			ConsumerAckWaitSeconds: int(ConsumerAckWaitDefault / time.Second),
+			ConsumerMaxDeliver:     ConsumerMaxDeliverDefault,
+		},
+		DispatcherConfig: DispatcherConfig{
+			DispatchBatchSize:      DispatchBatchSizeDefault,
+			DispatchPollMS:         ms(DispatchPollDefault),
+			DispatchLeaseSeconds:   int(DispatchLeaseDefault / time.Second),
+			DispatchMaxAttempts:    DispatchMaxAttemptsDefault,
+			DispatchBackoffBaseMS:  ms(DispatchBackoffBaseDefault),
+			DispatchBackoffCapMS:   ms(DispatchBackoffCapDefault),
+			PublishTimeoutMS:       ms(PublishTimeoutDefault),
+			StreamReplicas:         StreamReplicasDefault,
+			StreamMaxAgeHours:      int(StreamMaxAgeDefault / time.Hour),
+			DuplicateWindowSeconds: int(DuplicateWindowDefault / time.Second),
+			RetentionHours:         int(RetentionDefault / time.Hour),
+			RetentionScanSeconds:   int(RetentionScanIntervalDefault / time.Second),
+		},
 	}
+}
+
+// Config returns c with the consumers' defaults beside it: what
+// NewDispatcher takes from a process that loaded only the dispatcher's
+// knobs (the dispatcher reads none of the consumers').
+func (c DispatcherConfig) Config() Config {
+	return Config{ConsumerConfig: DefaultConfig().ConsumerConfig, DispatcherConfig: c}
 }
 
 // Validate returns every out-of-range knob as a *config.RangeError
 // (config.ErrInvalid), joined.
 func (c Config) Validate() error {
-	errs := []error{
+	return errors.Join(c.ConsumerConfig.Validate(), c.DispatcherConfig.Validate())
+}
+
+// Validate returns every out-of-range consumer knob as a
+// *config.RangeError (config.ErrInvalid), joined.
+func (c ConsumerConfig) Validate() error {
+	return errors.Join(
 		config.IntRange("EVENTS_CONSUMER_INTERVAL_MS", c.ConsumerIntervalMS, 100, 600000, "milliseconds"),
 		config.IntRange("EVENTS_CATCH_UP_LIMIT", c.CatchUpLimit, 1, 10000, "events"),
 		config.IntRange("EVENTS_CONSUMER_MAX_ATTEMPTS", c.ConsumerMaxAttempts, 1, 100, "attempts"),
@@ -149,6 +181,13 @@ func (c Config) Validate() error {
 		config.IntRange("EVENTS_CONSUMER_BACKOFF_CAP_MS", c.ConsumerBackoffCapMS, max(10, c.ConsumerBackoffBaseMS), 86400000, "milliseconds, at least AURORA_EVENTS_CONSUMER_BACKOFF_BASE_MS"),
 		config.IntRange("EVENTS_CONSUMER_ACK_WAIT_SECONDS", c.ConsumerAckWaitSeconds, 1, 3600, "seconds"),
 		config.IntRange("EVENTS_CONSUMER_MAX_DELIVER", c.ConsumerMaxDeliver, max(2, c.ConsumerMaxAttempts+1), 1000, "deliveries, more than AURORA_EVENTS_CONSUMER_MAX_ATTEMPTS"),
+	)
+}
+
+// Validate returns every out-of-range dispatcher, stream or retention knob
+// as a *config.RangeError (config.ErrInvalid), joined.
+func (c DispatcherConfig) Validate() error {
+	return errors.Join(
 		config.IntRange("EVENTS_DISPATCH_BATCH_SIZE", c.DispatchBatchSize, 1, 1000, "events"),
 		config.IntRange("EVENTS_DISPATCH_POLL_MS", c.DispatchPollMS, 10, 60000, "milliseconds"),
 		config.IntRange("EVENTS_DISPATCH_LEASE_SECONDS", c.DispatchLeaseSeconds, max(5, c.PublishTimeoutMS/1000+1), 3600, "seconds, more than AURORA_EVENTS_PUBLISH_TIMEOUT_MS"),
@@ -161,8 +200,7 @@ func (c Config) Validate() error {
 		config.IntRange("EVENTS_DUPLICATE_WINDOW_SECONDS", c.DuplicateWindowSeconds, 10, min(86400, max(10, c.StreamMaxAgeHours*3600)), "seconds, at most the stream's max age"),
 		config.IntRange("EVENTS_RETENTION_HOURS", c.RetentionHours, max(1, c.StreamMaxAgeHours+1), 87600, "hours, more than AURORA_EVENTS_STREAM_MAX_AGE_HOURS"),
 		config.IntRange("EVENTS_RETENTION_SCAN_SECONDS", c.RetentionScanSeconds, 0, 86400, "seconds, 0 = off"),
-	}
-	return errors.Join(errs...)
+	)
 }
 
 func msDur(ms int) time.Duration { return time.Duration(ms) * time.Millisecond }

@@ -40,6 +40,9 @@ type Dispatcher struct {
 
 	wake    chan struct{}
 	started atomic.Bool
+	// running is true from the moment Run has ensured the stream and
+	// dispatches until Run returns (Ready).
+	running atomic.Bool
 	// afterPublish, when set by a test, runs after the PubAcks and before
 	// the marks; an error ends the batch like a process killed there.
 	afterPublish func(ids []string) error
@@ -141,6 +144,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	d.running.Store(true)
+	defer d.running.Store(false)
 	d.log.Info("events: dispatcher running", "batch_size", d.cfg.DispatchBatchSize, "poll_ms", d.cfg.DispatchPollMS)
 	done := make(chan struct{}, 3)
 	go func() { d.listen(ctx); done <- struct{}{} }()
@@ -152,6 +157,18 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		<-done
 	}
 	d.log.Info("events: dispatcher stopped")
+	return nil
+}
+
+// Ready returns nil while Run dispatches: the stream is ensured and Run has
+// not returned. Before that (Run not called, or still retrying the stream
+// while JetStream is unreachable or disabled) and after Run returned it
+// returns an error wrapping ErrDispatcherNotRunning. It is the relay's
+// /readyz check "events_dispatcher"; ctx is unused (it reads a flag).
+func (d *Dispatcher) Ready(context.Context) error {
+	if !d.running.Load() {
+		return ErrDispatcherNotRunning
+	}
 	return nil
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -161,5 +163,32 @@ func TestDispatchFailuresDeadLetter(t *testing.T) {
 	}
 	if _, err := Requeue(ctx, e.pool, clk, RequeueRequest{EventID: id}, true); !errors.Is(err, ErrInvalidRequest) {
 		t.Fatalf("requeue without operator = %v, want ErrInvalidRequest", err)
+	}
+}
+
+// Ready (the relay's /readyz "events_dispatcher") is nil only while Run
+// dispatches: not before Run, not while Run still retries the stream with
+// NATS down, and not after Run returned.
+func TestDispatcherReady(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	d := e.dispatcher(testConfig())
+	if err := d.Ready(ctx); !errors.Is(err, ErrDispatcherNotRunning) {
+		t.Fatalf("before Run: %v, want ErrDispatcherNotRunning", err)
+	}
+	e.srv.Stop()
+	stop := run(t, d.Run)
+	eventually(t, 20*time.Second, "a failed attempt to ensure the stream", func() bool {
+		return slices.Contains(e.logs.atLeast(slog.LevelWarn), "events: stream not ensured yet, retrying")
+	})
+	if err := d.Ready(ctx); !errors.Is(err, ErrDispatcherNotRunning) {
+		t.Fatalf("while the stream is not ensured: %v, want ErrDispatcherNotRunning", err)
+	}
+	e.srv.Restart()
+	eventually(t, 30*time.Second, "Ready once NATS is back", func() bool { return d.Ready(ctx) == nil })
+	stop()
+	if err := d.Ready(ctx); !errors.Is(err, ErrDispatcherNotRunning) {
+		t.Fatalf("after Run returned: %v, want ErrDispatcherNotRunning", err)
 	}
 }

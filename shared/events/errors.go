@@ -27,6 +27,9 @@ var (
 	// ErrAlreadyRunning: Consume was called twice for one consumer name on
 	// one Client, or Run twice on one Dispatcher.
 	ErrAlreadyRunning = errors.New("events: already running")
+	// ErrDispatcherNotRunning: Dispatcher.Ready was asked while Run is not
+	// dispatching (not started, still ensuring the stream, or returned).
+	ErrDispatcherNotRunning = errors.New("events: dispatcher not running")
 )
 
 // FieldError names the field of an Event (or a Consume argument) that is

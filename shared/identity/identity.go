@@ -78,15 +78,16 @@ func (e *FieldError) Unwrap() error { return ErrInvalid }
 
 // Identity is the seven-part identity of an outbox item. The tuple is unique
 // in outbox_items and immutable once written (a database trigger enforces
-// it).
+// it). Its JSON names are the columns' (snake_case), as everywhere else in
+// aurora's JSON output (an outbox.Row embeds it).
 type Identity struct {
-	Tenant             string      // the application's tenant, e.g. "org_123"
-	SubjectKind        SubjectKind // usage_window | event | correction
-	SubjectRef         string      // e.g. "usage:api_calls:2026-09-01T00:00:00Z:0:5"
-	Exporter           string      // e.g. "stripe_meter_events"
-	DestinationAccount string      // Stripe account, e.g. "acct_1Test"
-	Mode               Mode        // test | live
-	MappingVersion     int32       // feature→meter mapping version the item was built for (0 = no mapping yet)
+	Tenant             string      `json:"tenant"`              // the application's tenant, e.g. "org_123"
+	SubjectKind        SubjectKind `json:"subject_kind"`        // usage_window | event | correction
+	SubjectRef         string      `json:"subject_ref"`         // e.g. "usage:api_calls:2026-09-01T00:00:00Z:0:5"
+	Exporter           string      `json:"exporter"`            // e.g. "stripe_meter_events"
+	DestinationAccount string      `json:"destination_account"` // Stripe account, e.g. "acct_1Test"
+	Mode               Mode        `json:"mode"`                // test | live
+	MappingVersion     int32       `json:"mapping_version"`     // feature→meter mapping version the item was built for (0 = no mapping yet)
 }
 
 // Validate returns a *FieldError (wrapping ErrInvalid) naming the first bad
