@@ -128,22 +128,50 @@ func (d *Deliverer) leaseBudget() time.Duration { return d.s.lease - d.s.lease/1
 // settles each message (complete). The first item is always attempted; a
 // later one whose call could outlast the lease budget is not sent and is
 // recorded as a retry due at once (same key, next dispatch).
+//
+// A stream account's items are not sent one call each: the group's items
+// that pass their checks go to the exporter at once, and it sends them
+// (with other lanes') in one request of up to 100 events: ExportGroup when
+// the exporter is a GroupExporter (the group is never split across
+// concurrent requests), else one concurrent Export per item. The lane still
+// runs one group at a time.
 func (d *Deliverer) attempt(ctx context.Context, msgs []groupMsg, crs []claimResult) {
 	start := time.Now()
 	recs := make([]record, len(crs))
-	// A stream account's items are not sent one call each: all of the
-	// group's go at once, and the exporter sends them (with other lanes')
-	// as one request of up to 100 events. The lane still runs one group at
-	// a time.
+	ge, grouped := d.exp.(GroupExporter)
 	var wg sync.WaitGroup
+	var send []int // stream items of the group that passed their checks (grouped)
 	for i, cr := range crs {
-		if cr.Item.Ctx.Exporter == ExporterStream {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				recs[i] = d.decide(ctx, cr)
-			}()
+		if cr.Item.Ctx.Exporter != ExporterStream {
+			continue
 		}
+		if grouped {
+			rec, ok := d.precheck(cr)
+			if ok {
+				send = append(send, i)
+			} else {
+				recs[i] = rec
+			}
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			recs[i] = d.decide(ctx, cr)
+		}()
+	}
+	if len(send) > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cs := make([]claimed, len(send))
+			for j, i := range send {
+				cs[j] = crs[i].Item
+			}
+			for j, res := range d.callGroup(ctx, ge, cs) {
+				recs[send[j]] = d.withResult(cs[j], res)
+			}
+		}()
 	}
 	for i, cr := range crs {
 		if cr.Item.Ctx.Exporter == ExporterStream {
@@ -163,8 +191,18 @@ func (d *Deliverer) attempt(ctx context.Context, msgs []groupMsg, crs []claimRes
 // decide runs the horizon, attempts and pre-send checks for a claimed item
 // and, when they pass, the provider call; it returns the record to write.
 func (d *Deliverer) decide(ctx context.Context, cr claimResult) record {
+	rec, ok := d.precheck(cr)
+	if !ok {
+		return rec
+	}
+	return d.withResult(cr.Item, d.call(ctx, cr.Item))
+}
+
+// precheck runs the horizon, attempts and pre-send checks for a claimed
+// item: ok when it may be sent, else the record to write (not sent).
+func (d *Deliverer) precheck(cr claimResult) (rec record, ok bool) {
 	c := cr.Item
-	rec := record{Item: c}
+	rec = record{Item: c}
 	switch {
 	case cr.Now.Sub(c.FirstAttemptAt) > d.s.horizon:
 		rec.Outcome = OutcomeUncertain
@@ -178,33 +216,45 @@ func (d *Deliverer) decide(ctx context.Context, cr claimResult) record {
 			rec.Outcome, rec.Reason, rec.LastError = OutcomeQuarantined, f.Reason, string(f.Reason)+": "+f.Detail
 			break
 		}
-		rec.Result = d.call(ctx, c)
-		rec.Outcome = rec.Result.Outcome
-		rec.Reason = rec.Result.Reason
-		if rec.Outcome != OutcomeAccepted {
-			rec.LastError = fmt.Sprintf("%s: http %d %s", rec.Result.Rule, rec.Result.HTTPStatus, rec.Result.ErrorCode)
-		}
-		if rec.Outcome == OutcomeRetry {
-			if int(c.Attempts) >= d.s.maxAttempts {
-				rec.Outcome = OutcomeUncertain
-				rec.LastError = fmt.Sprintf("attempts_exhausted after %d attempts; last %s", c.Attempts, rec.LastError)
-			} else {
-				rec.RetryDelay = Backoff(int(c.Attempts), d.s.backoffBase, d.s.backoffCap, d.rnd)
-			}
+		return rec, true
+	}
+	return rec, false
+}
+
+// withResult returns the record of c after the provider answered res: the
+// outcome, and for a retry its backoff, or uncertain once the attempts are
+// spent.
+func (d *Deliverer) withResult(c claimed, res Result) record {
+	rec := record{Item: c, Result: res, Outcome: res.Outcome, Reason: res.Reason}
+	if rec.Outcome != OutcomeAccepted {
+		rec.LastError = fmt.Sprintf("%s: http %d %s", rec.Result.Rule, rec.Result.HTTPStatus, rec.Result.ErrorCode)
+	}
+	if rec.Outcome == OutcomeRetry {
+		if int(c.Attempts) >= d.s.maxAttempts {
+			rec.Outcome = OutcomeUncertain
+			rec.LastError = fmt.Sprintf("attempts_exhausted after %d attempts; last %s", c.Attempts, rec.LastError)
+		} else {
+			rec.RetryDelay = Backoff(int(c.Attempts), d.s.backoffBase, d.s.backoffCap, d.rnd)
 		}
 	}
 	return rec
+}
+
+// request is the provider request of c: a pure function of its row and
+// meter mapping.
+func request(c claimed) Request {
+	return Request{
+		ItemID: c.ItemID, Account: c.Account, Via: c.Ctx.Exporter, Key: c.Key, EventName: *c.Ctx.EventName,
+		CustomerKey: deref(c.Ctx.CustomerKey, "stripe_customer_id"), ValueKey: deref(c.Ctx.ValueKey, "value"),
+		Customer: *c.Ctx.StripeCustomer, Value: c.Item.Quantity, Timestamp: c.Item.OccurredAt,
+	}
 }
 
 // call sends one request with the provider deadline and records metrics.
 // An exporter that panics is a failed call (uncertain: nobody knows whether
 // it was sent), not a dead process.
 func (d *Deliverer) call(ctx context.Context, c claimed) (res Result) {
-	req := Request{
-		ItemID: c.ItemID, Account: c.Account, Via: c.Ctx.Exporter, Key: c.Key, EventName: *c.Ctx.EventName,
-		CustomerKey: deref(c.Ctx.CustomerKey, "stripe_customer_id"), ValueKey: deref(c.Ctx.ValueKey, "value"),
-		Customer: *c.Ctx.StripeCustomer, Value: c.Item.Quantity, Timestamp: c.Item.OccurredAt,
-	}
+	req := request(c)
 	cctx, cancel := context.WithTimeout(ctx, d.s.providerTimeout)
 	defer cancel()
 	d.m.inFlight.Inc()
@@ -219,6 +269,48 @@ func (d *Deliverer) call(ctx context.Context, c claimed) (res Result) {
 		d.m.latency.WithLabelValues(string(res.Outcome)).Observe(time.Since(start).Seconds())
 	}()
 	return sanitize(d.exp.Export(cctx, req))
+}
+
+// callGroup sends a lane's items as one unit (GroupExporter) within one
+// provider deadline and returns one result per item, in order. A panic or
+// a wrong number of results makes every item uncertain.
+func (d *Deliverer) callGroup(ctx context.Context, ge GroupExporter, cs []claimed) (res []Result) {
+	reqs := make([]Request, len(cs))
+	for i, c := range cs {
+		reqs[i] = request(c)
+	}
+	cctx, cancel := context.WithTimeout(ctx, d.s.providerTimeout)
+	defer cancel()
+	n := float64(len(cs))
+	d.m.inFlight.Add(n)
+	defer d.m.inFlight.Sub(n)
+	start := time.Now()
+	uncertain := func(rule string) []Result {
+		out := make([]Result, len(cs))
+		for i := range out {
+			out[i] = Result{Outcome: OutcomeUncertain, Rule: rule}
+		}
+		return out
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			d.m.errors.WithLabelValues("panic").Inc()
+			d.log.Error("deliverer: exporter panicked; outcomes uncertain", "items", len(cs), "panic", fmt.Sprint(r))
+			res = uncertain("exporter_panic")
+		}
+		took := time.Since(start).Seconds()
+		for _, r := range res {
+			d.m.latency.WithLabelValues(string(r.Outcome)).Observe(took)
+		}
+	}()
+	out := ge.ExportGroup(cctx, reqs)
+	if len(out) != len(reqs) {
+		return uncertain(fmt.Sprintf("invalid_result(%d results for %d requests)", len(out), len(reqs)))
+	}
+	for i := range out {
+		out[i] = sanitize(out[i])
+	}
+	return out
 }
 
 // sanitize turns a result no table row could produce (an exporter bug) into

@@ -19,6 +19,7 @@ const (
 	BusyDelayMillisDefault        = 50
 	ShutdownSecondsDefault        = 30
 	PinnedTTLSecondsDefault       = 10
+	StreamLingerMillisDefault     = 2
 )
 
 // DefaultFilterSubject is the consumer filter of the default pool: every
@@ -69,6 +70,16 @@ type Config struct {
 	// retry with the same key). AURORA_DELIVERER_SHUTDOWN_SECONDS, default
 	// 30, 1..600.
 	ShutdownSeconds int `env:"DELIVERER_SHUTDOWN_SECONDS" envDefault:"30"`
+	// StreamLingerMillis: how long a v2 meter event stream request (for
+	// accounts provisioned --exporter stream) that is not full waits for
+	// more lanes' events before it is sent; up to 100 events go in one.
+	// AURORA_DELIVERER_STREAM_LINGER_MS, default 2, 1..100.
+	StreamLingerMillis int `env:"DELIVERER_STREAM_LINGER_MS" envDefault:"2"`
+}
+
+// StreamLinger is StreamLingerMillis as a duration.
+func (c Config) StreamLinger() time.Duration {
+	return time.Duration(c.StreamLingerMillis) * time.Millisecond
 }
 
 // DefaultConfig returns the defaults, as config.Load would with an empty
@@ -87,6 +98,7 @@ func DefaultConfig() Config {
 		BusyDelayMillis:        BusyDelayMillisDefault,
 		ShutdownSeconds:        ShutdownSecondsDefault,
 		PinnedTTLSeconds:       PinnedTTLSecondsDefault,
+		StreamLingerMillis:     StreamLingerMillisDefault,
 	}
 }
 
@@ -123,6 +135,7 @@ func (c *Config) Validate() error {
 		config.IntRange("DELIVERER_BUSY_DELAY_MS", c.BusyDelayMillis, 10, 60000, "milliseconds"),
 		config.IntRange("DELIVERER_SHUTDOWN_SECONDS", c.ShutdownSeconds, 1, 600, "seconds"),
 		config.IntRange("DELIVERER_PINNED_TTL_SECONDS", c.PinnedTTLSeconds, 1, 600, "seconds"),
+		config.IntRange("DELIVERER_STREAM_LINGER_MS", c.StreamLingerMillis, 1, 100, "milliseconds"),
 	)
 }
 

@@ -99,3 +99,16 @@ type Exporter interface {
 	// provider answer and never returns an unclassified result.
 	Export(ctx context.Context, r Request) Result
 }
+
+// GroupExporter is an Exporter that can send a lane's group as a unit:
+// ExportGroup's requests (one lane: one account, customer and meter) go
+// out in one provider call, or, beyond the provider's batch limit, in
+// consecutive calls, never in concurrent ones, so a lane keeps Stripe's one
+// call at a time per customer and meter while the exporter packs many
+// lanes into one call. It returns one Result per request, in order, and
+// honours ctx's deadline like Export. The deliverer uses it for the items
+// of stream accounts (Request.Via == ExporterStream).
+type GroupExporter interface {
+	Exporter
+	ExportGroup(ctx context.Context, rs []Request) []Result
+}

@@ -42,7 +42,7 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	var loaded Config
-	if err := config.LoadFrom(&loaded, map[string]string{}); err != nil || loaded.FilterSubject != DefaultFilterSubject() || loaded.Concurrency != ConcurrencyDefault {
+	if err := config.LoadFrom(&loaded, map[string]string{}); err != nil || loaded.FilterSubject != DefaultFilterSubject() || loaded.Concurrency != ConcurrencyDefault || loaded.StreamLingerMillis != DefaultConfig().StreamLingerMillis {
 		t.Fatalf("load defaults: %+v %v", loaded, err)
 	}
 	bad := []struct {
@@ -58,6 +58,8 @@ func TestConfigValidate(t *testing.T) {
 		{map[string]string{"AURORA_UNCERTAINTY_HORIZON_SECONDS": "86400"}, "AURORA_UNCERTAINTY_HORIZON_SECONDS"},
 		{map[string]string{"AURORA_DELIVERER_BUSY_DELAY_MS": "x"}, "AURORA_DELIVERER_BUSY_DELAY_MS"},
 		{map[string]string{"AURORA_DELIVERER_PINNED_TTL_SECONDS": "0"}, "AURORA_DELIVERER_PINNED_TTL_SECONDS"},
+		{map[string]string{"AURORA_DELIVERER_STREAM_LINGER_MS": "0"}, "AURORA_DELIVERER_STREAM_LINGER_MS=0 is out of range; allowed 1..100"},
+		{map[string]string{"AURORA_DELIVERER_STREAM_LINGER_MS": "101"}, "AURORA_DELIVERER_STREAM_LINGER_MS=101 is out of range; allowed 1..100"},
 		{map[string]string{"AURORA_DELIVERER_FILTER_SUBJECT": "aurora.outbox.x.y.z"}, "AURORA_DELIVERER_FILTER_SUBJECT"},
 	}
 	for _, b := range bad {

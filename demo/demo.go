@@ -322,7 +322,7 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 	for i := range streams {
 		if streams[i], err = streamexport.New(streamexport.Config{Client: streamexport.ClientConfig{APIKey: key, APIBase: base,
 			Timeout: time.Duration(dcfg.ProviderTimeoutSeconds) * time.Second, MaxConns: dcfg.Concurrency,
-			Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"instance": fmt.Sprint(i)}, reg)}}); err != nil {
+			Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"instance": fmt.Sprint(i)}, reg)}, Linger: dcfg.StreamLinger()}); err != nil {
 			return nil, err
 		}
 		defer streams[i].Close()

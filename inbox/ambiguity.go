@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -144,6 +145,11 @@ func (p *projector) openAmbiguity(ctx context.Context, key ambiguityKey, ev *eve
 	if err != nil {
 		return decision{}, err
 	}
+	// read before the restore is queued: the entitlement now and what the
+	// restore puts back
+	if err := p.announceRestoredEntitlement(ctx, key, ev); err != nil {
+		return decision{}, err
+	}
 	p.writes.Queue(`
 INSERT INTO billing_ambiguities (kind, reason, subject_id, customer_id, tenant, event_second, opened_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
@@ -165,6 +171,85 @@ UPDATE billing_events
  WHERE event_id = ANY($1) AND processed_at IS NOT NULL`, members, p.now, string(key.reason()))
 	}
 	return decision{reason: key.reason(), keep: true}, nil
+}
+
+// sqlRestoredSubscriptionEntitlement reads the tenant's subscription
+// entitlement and the prior snapshot queueSubscriptionRestore puts back
+// (the same rows: no row, no restore).
+const sqlRestoredSubscriptionEntitlement = `
+SELECT e.subscription_id, e.subscription_status, e.plan,
+       s.prior->'entitlement'->>'subscription_id', s.prior->'entitlement'->>'subscription_status', s.prior->'entitlement'->>'plan'
+  FROM stripe_subscriptions s
+  JOIN tenant_entitlements e ON e.tenant = s.tenant AND e.subscription_id = s.subscription_id
+ WHERE s.subscription_id = $1 AND s.last_event_created = $2 AND s.prior IS NOT NULL`
+
+// sqlRestoredBillingEntitlement: the same for queueInvoiceRestore's
+// billing status and grace.
+const sqlRestoredBillingEntitlement = `
+SELECT e.billing_status, e.grace_until,
+       l.invoice_status_prior->'entitlement'->>'billing_status', (l.invoice_status_prior->'entitlement'->>'grace_until')::timestamptz
+  FROM stripe_customer_links l
+  JOIN tenant_entitlements e ON e.tenant = l.tenant
+ WHERE l.customer_id = $1 AND l.invoice_status_event_created = $2 AND l.invoice_status_prior IS NOT NULL`
+
+// announceRestoredEntitlement queues EntitlementChanged.v1 when opening the
+// ambiguity of key moves the tenant's entitlement: the restore puts back
+// what the events before key's second established, so a consumer that
+// learnt of the first event's entitlement learns it no longer holds. The
+// payload is the restored state, Previous* the one undone; stripe_event_id
+// is ambiguity_opened:<the event that opened it> (the state came from the
+// prior snapshot, not from that event) and stripe_event_created the
+// ambiguity's second. Nothing is announced when the restore changes no
+// entitlement column (the first event had not moved it, or there is no
+// prior snapshot to restore).
+func (p *projector) announceRestoredEntitlement(ctx context.Context, key ambiguityKey, ev *event) error {
+	marker := "ambiguity_opened:" + ev.ID
+	if key.kind == ambiguitySubscription {
+		var curSub, curStatus, curPlan, priorSub, priorStatus, priorPlan *string
+		err := p.queryRow(ctx, []any{&curSub, &curStatus, &curPlan, &priorSub, &priorStatus, &priorPlan},
+			sqlRestoredSubscriptionEntitlement, key.subject, key.second)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if strPtrEqual(curSub, priorSub) && strPtrEqual(curStatus, priorStatus) && strPtrEqual(curPlan, priorPlan) {
+			return nil
+		}
+		return p.announce(EventEntitlementChanged, key.tenant, EntitlementChanged{Tenant: key.tenant, Cause: "subscription",
+			SubscriptionID: deref(priorSub), SubscriptionStatus: deref(priorStatus), Plan: priorPlan, PreviousPlan: curPlan,
+			StripeEventID: marker, StripeEventCreated: key.second}, marker)
+	}
+	var curBilling, priorBilling *string
+	var curGrace, priorGrace *time.Time
+	err := p.queryRow(ctx, []any{&curBilling, &curGrace, &priorBilling, &priorGrace},
+		sqlRestoredBillingEntitlement, key.customer, key.second)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if strPtrEqual(curBilling, priorBilling) && sameTime(curGrace, priorGrace) {
+		return nil
+	}
+	return p.announce(EventEntitlementChanged, key.tenant, EntitlementChanged{Tenant: key.tenant, Cause: "invoice",
+		BillingStatus: deref(priorBilling), PreviousBillingStatus: deref(curBilling), GraceUntil: priorGrace,
+		StripeEventID: marker, StripeEventCreated: key.second}, marker)
+}
+
+// queryRow runs one single-row query on the projector's connection and
+// scans it into dest (pgx.ErrNoRows when there is none).
+func (p *projector) queryRow(ctx context.Context, dest []any, sql string, args ...any) error {
+	b := &pgx.Batch{}
+	b.Queue(sql, args...)
+	br := p.tx.SendBatch(ctx, b)
+	if err := br.QueryRow().Scan(dest...); err != nil {
+		br.Close()
+		return err
+	}
+	return br.Close()
 }
 
 // ambiguityMembers returns the processed events of key's subject and second

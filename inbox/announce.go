@@ -26,8 +26,9 @@ const (
 	// is a fact).
 	EventInvoicePaymentFailed = "InvoicePaymentFailed.v1"
 	// EventEntitlementChanged: a tenant's entitlement changed (plan,
-	// subscription or status, or billing status and grace). Aggregate: the
-	// tenant.
+	// subscription or status, or billing status and grace), by a
+	// projection, the opening of a same-second ambiguity (the restored
+	// state; ambiguity.go) or its resolution. Aggregate: the tenant.
 	EventEntitlementChanged = "EntitlementChanged.v1"
 )
 

@@ -3,7 +3,9 @@ package inbox
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
+	"time"
 )
 
 // announced returns the domain events the projections wrote, oldest
@@ -170,5 +172,98 @@ func TestInvoiceAmountIsReadLeniently(t *testing.T) {
 		if (a != nil) != tc.ok || (a != nil && *a != tc.amount) || currencyCode(o.Currency) != tc.currency {
 			t.Errorf("%s: amount %v currency %q", tc.raw, a, currencyCode(o.Currency))
 		}
+	}
+}
+
+// Opening a same-second ambiguity restores the entitlement the events
+// before that second established; when that moves the entitlement, the
+// opening announces EntitlementChanged.v1 with the restored state (in the
+// transaction of the restore), so a consumer that followed the first
+// event's announcement does not keep an entitlement that no longer holds.
+// A restore that moves nothing announces nothing.
+func TestOpeningAnAmbiguityAnnouncesTheRestoredEntitlement(t *testing.T) {
+	t.Parallel()
+	second := time.Unix(pairSecond, 0).UTC()
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T) *env
+		want  map[string]any // the announcement of the opening; nil: none
+	}{
+		{"subscription: pro then canceled in one second, back to basic", subscriptionAmbiguity, map[string]any{
+			"cause": "subscription", "subscription_id": "sub_1", "subscription_status": "active", "plan": "basic", "previous_plan": "pro"}},
+		{"invoice: paid then failed in one second, back to none", func(t *testing.T) *env {
+			e := newEnv(t)
+			e.mapPrice("price_basic", "basic")
+			e.linked("cus_1", "tenant_1", "sub_1")
+			e.deliver(subscription(t, "customer.subscription.created", "evt_before", pairSecond-100, "cus_1", "sub_1", "active", "price_basic"))
+			e.drain()
+			e.deliver(invoice(t, legacyInvoice, "invoice.paid", "evt_a", pairSecond, "cus_1", "in_1", "sub_1"))
+			e.drain()
+			e.deliver(invoice(t, basilInvoice, "invoice.payment_failed", "evt_b", pairSecond, "cus_1", "in_1", "sub_1"))
+			e.drain()
+			return e
+		}, map[string]any{"cause": "invoice", "billing_status": "none", "previous_billing_status": "current"}},
+		{"invoice: the restored billing status is the one held", func(t *testing.T) *env {
+			e := newEnv(t)
+			e.mapPrice("price_basic", "basic")
+			e.linked("cus_1", "tenant_1", "sub_1")
+			e.deliver(subscription(t, "customer.subscription.created", "evt_before", pairSecond-100, "cus_1", "sub_1", "active", "price_basic"))
+			e.deliver(invoice(t, legacyInvoice, "invoice.paid", "evt_paid_before", pairSecond-50, "cus_1", "in_0", "sub_1"))
+			e.drain()
+			e.deliver(invoice(t, legacyInvoice, "invoice.paid", "evt_a", pairSecond, "cus_1", "in_1", "sub_1"))
+			e.drain()
+			e.deliver(invoice(t, basilInvoice, "invoice.payment_failed", "evt_b", pairSecond, "cus_1", "in_1", "sub_1"))
+			e.drain()
+			return e
+		}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := tc.setup(t)
+			for _, id := range []string{"evt_a", "evt_b"} {
+				if r := e.row(id); !r.deadLetter || r.processed {
+					t.Fatalf("%s: %+v, want a dead letter of the ambiguity", id, r)
+				}
+			}
+			var opened []map[string]any
+			for _, m := range e.announced()[EventEntitlementChanged] {
+				if id, _ := m["stripe_event_id"].(string); strings.HasPrefix(id, "ambiguity_opened:") {
+					opened = append(opened, m)
+				}
+			}
+			if tc.want == nil {
+				if len(opened) != 0 {
+					t.Fatalf("a restore that moved nothing announced %v", opened)
+				}
+				return
+			}
+			if len(opened) != 1 {
+				t.Fatalf("EntitlementChanged.v1 of the opening: %v", opened)
+			}
+			got := opened[0]
+			if got["_aggregate"] != "tenant_1" || got["_status"] != "pending" || got["tenant"] != "tenant_1" ||
+				got["stripe_event_id"] != "ambiguity_opened:evt_b" || got["stripe_event_created"] != second.Format(time.RFC3339) {
+				t.Fatalf("EntitlementChanged.v1 of the opening: %v", got)
+			}
+			for k, v := range tc.want {
+				if got[k] != v {
+					t.Errorf("%s = %v, want %v (%v)", k, got[k], v, got)
+				}
+			}
+			if _, ok := got["grace_until"]; ok {
+				t.Errorf("grace_until in %v: the restored state has none", got)
+			}
+			// the announced state is the projection's
+			en := e.entitlement("tenant_1")
+			if s, ok := tc.want["subscription_status"]; ok && (en.subscriptionStatus != s || en.plan != tc.want["plan"]) {
+				t.Errorf("entitlement %+v, announced %v", en, got)
+			}
+			if b, ok := tc.want["billing_status"]; ok && en.billingStatus != b {
+				t.Errorf("entitlement %+v, announced %v", en, got)
+			}
+			if n := e.count(`SELECT count(*) FROM event_outbox WHERE payload::text LIKE '%cus_1%'`); n != 0 {
+				t.Fatalf("%d events carry the customer id", n)
+			}
+		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime/debug"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -51,9 +52,10 @@ const demoGCPercent = 400
 
 func newDemoCmd() *cobra.Command {
 	var (
-		o        demo.Options
-		asJSON   bool
-		validate bool
+		o          demo.Options
+		asJSON     bool
+		validate   bool
+		cpuProfile string
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -141,6 +143,13 @@ and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS
 			if _, ok := os.LookupEnv("GOGC"); !ok {
 				debug.SetGCPercent(demoGCPercent)
 			}
+			if cpuProfile != "" {
+				stop, err := startCPUProfile(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
 			sum, err := demo.Run(cmd.Context(), o)
 			if sum != nil {
 				if asJSON {
@@ -171,7 +180,21 @@ and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS
 	f.IntVar(&o.GenTenants, "tenants", 50, "generator: tenants")
 	f.IntVar(&o.GenRequests, "requests", 2000, "generator: requests")
 	f.BoolVar(&validate, "validate", false, "check the configuration and exit")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (read it with go tool pprof)")
 	return cmd
+}
+
+// startCPUProfile profiles the process's CPU into path until stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // Demo backoff when AURORA_OUTBOX_BACKOFF_* are not set, in seconds.

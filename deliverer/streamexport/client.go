@@ -1,8 +1,9 @@
 // Package streamexport sends outbox items to Stripe's v2 meter event stream
 // in batches of up to 100 events and classifies each answer with one table
-// (Rules). It implements deliverer.Exporter: concurrent Export calls, from
-// many lanes, are coalesced into one stream request per account (group
-// commit), and each item gets its own Result.
+// (Rules). It implements deliverer.GroupExporter: concurrent ExportGroup
+// (one lane's group) and Export calls, from many lanes, are packed whole
+// into one stream request per account, waiting at most Config.Linger for
+// it to fill, and each item gets its own Result.
 //
 // The client is our own (Client): two endpoints, one JSON body, one header.
 // stripe-go v76 (pinned) has no v2 API, and v82's typed calls leave the

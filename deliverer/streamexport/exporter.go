@@ -105,6 +105,15 @@ func MarkdownTable() string {
 	return b.String()
 }
 
+// Defaults and bounds of Config.Linger.
+const (
+	// DefaultLinger: how long a request waits for more lanes' events
+	// before it goes out less than full.
+	DefaultLinger = 2 * time.Millisecond
+	// MaxLinger bounds Config.Linger.
+	MaxLinger = 100 * time.Millisecond
+)
+
 // Config configures an Exporter.
 type Config struct {
 	Client ClientConfig
@@ -112,31 +121,49 @@ type Config struct {
 	Senders int
 	// MaxBatch: events per request, 1..MaxEvents (default MaxEvents).
 	MaxBatch int
+	// Linger: how long a request that is not full waits for more events
+	// once it has its first, 0 < Linger ≤ MaxLinger (0: DefaultLinger). A
+	// request also waits while every sender is busy, filling meanwhile.
+	Linger time.Duration
 }
 
-// Exporter coalesces concurrent Export calls into stream requests of up to
-// MaxBatch events per account. Safe for concurrent use; Close stops its
-// senders.
+// Exporter coalesces concurrent Export and ExportGroup calls into stream
+// requests of up to MaxBatch events per account: one batcher per account
+// packs whole units (one lane's group, or one Export) into a request, waits
+// up to Linger for it to fill, and hands it to one of Senders senders. A
+// unit is never split across requests unless it alone exceeds MaxBatch
+// (then its parts are sent one after another), so a lane never has two
+// requests in flight. Safe for concurrent use; Close stops its goroutines.
 type Exporter struct {
 	c        *Client
 	mode     identity.Mode
 	senders  int
 	maxBatch int
+	linger   time.Duration
 	timeout  time.Duration
 
 	mu     sync.Mutex
-	queues map[string]chan *pending
+	queues map[string]chan *unit
 	closed bool
 	stop   chan struct{}
 	wg     sync.WaitGroup
 }
 
-var _ deliverer.Exporter = (*Exporter)(nil)
+var (
+	_ deliverer.Exporter      = (*Exporter)(nil)
+	_ deliverer.GroupExporter = (*Exporter)(nil)
+)
 
 type pending struct {
-	ctx   context.Context
 	req   deliverer.Request
 	reply chan deliverer.Result // buffered 1
+}
+
+// unit is what one caller queues: events sent in one request (at most
+// maxBatch of them).
+type unit struct {
+	ctx   context.Context
+	items []*pending
 }
 
 // New returns an Exporter. Errors wrap ErrInvalidConfig.
@@ -151,11 +178,15 @@ func New(cfg Config) (*Exporter, error) {
 	if cfg.MaxBatch == 0 {
 		cfg.MaxBatch = MaxEvents
 	}
-	if cfg.Senders < 1 || cfg.Senders > 1024 || cfg.MaxBatch < 1 || cfg.MaxBatch > MaxEvents {
-		return nil, fmt.Errorf("%w: senders %d (1..1024), max batch %d (1..%d)", ErrInvalidConfig, cfg.Senders, cfg.MaxBatch, MaxEvents)
+	if cfg.Linger == 0 {
+		cfg.Linger = DefaultLinger
+	}
+	if cfg.Senders < 1 || cfg.Senders > 1024 || cfg.MaxBatch < 1 || cfg.MaxBatch > MaxEvents || cfg.Linger < 0 || cfg.Linger > MaxLinger {
+		return nil, fmt.Errorf("%w: senders %d (1..1024), max batch %d (1..%d), linger %s (0..%s)", ErrInvalidConfig,
+			cfg.Senders, cfg.MaxBatch, MaxEvents, cfg.Linger, MaxLinger)
 	}
 	return &Exporter{c: c, mode: stripeexport.KeyMode(cfg.Client.APIKey), senders: cfg.Senders, maxBatch: cfg.MaxBatch,
-		timeout: cfg.Client.Timeout, queues: map[string]chan *pending{}, stop: make(chan struct{})}, nil
+		linger: cfg.Linger, timeout: cfg.Client.Timeout, queues: map[string]chan *unit{}, stop: make(chan struct{})}, nil
 }
 
 // Client returns the exporter's client (session refresh count).
@@ -168,7 +199,8 @@ func (x *Exporter) Name() string { return outbox.DefaultExporter }
 // Mode returns the API key's mode.
 func (x *Exporter) Mode() identity.Mode { return x.mode }
 
-// Close stops the senders; Export calls after Close answer retry.
+// Close stops the batchers and senders; Export calls after Close answer
+// retry.
 func (x *Exporter) Close() {
 	x.mu.Lock()
 	if !x.closed {
@@ -193,26 +225,59 @@ func ToEvent(r deliverer.Request) Event {
 // result or ctx's end (then retry: the batch may still land, and the resend
 // carries the same identifier).
 func (x *Exporter) Export(ctx context.Context, r deliverer.Request) deliverer.Result {
-	q := x.queue(r.Account)
+	return x.ExportGroup(ctx, []deliverer.Request{r})[0]
+}
+
+// ExportGroup sends rs (one lane: one account) in one stream request with
+// other callers' events, or, when rs has more than MaxBatch, in
+// consecutive requests of MaxBatch; it returns one result per request, in
+// order. An item whose answer has not come by ctx's end is a retry (the
+// request may still land; the resend carries the same identifier).
+func (x *Exporter) ExportGroup(ctx context.Context, rs []deliverer.Request) []deliverer.Result {
+	out := make([]deliverer.Result, len(rs))
+	for off := 0; off < len(rs); off += x.maxBatch {
+		part := rs[off:min(off+x.maxBatch, len(rs))]
+		x.exportUnit(ctx, part, out[off:off+len(part)])
+	}
+	return out
+}
+
+// exportUnit queues rs (at most maxBatch) as one unit and fills out.
+func (x *Exporter) exportUnit(ctx context.Context, rs []deliverer.Request, out []deliverer.Result) {
+	var q chan *unit
+	if len(rs) > 0 {
+		q = x.queue(rs[0].Account)
+	}
 	if q == nil {
-		return deliverer.Result{Outcome: deliverer.OutcomeRetry, Rule: "stream_closed", ErrorCode: "closed"}
+		for i := range out {
+			out[i] = deliverer.Result{Outcome: deliverer.OutcomeRetry, Rule: "stream_closed", ErrorCode: "closed"}
+		}
+		return
 	}
-	p := &pending{ctx: ctx, req: r, reply: make(chan deliverer.Result, 1)}
-	select {
-	case q <- p:
-	case <-ctx.Done():
-		return deliverer.Result{Outcome: deliverer.OutcomeRetry, Rule: "stream_timeout", ErrorCode: stripeexport.TransportTimeout, Message: "not sent before the deadline"}
+	u := &unit{ctx: ctx, items: make([]*pending, len(rs))}
+	for i, r := range rs {
+		u.items[i] = &pending{req: r, reply: make(chan deliverer.Result, 1)}
 	}
 	select {
-	case res := <-p.reply:
-		return res
+	case q <- u:
 	case <-ctx.Done():
-		return deliverer.Result{Outcome: deliverer.OutcomeRetry, Rule: "stream_timeout", ErrorCode: stripeexport.TransportTimeout, Message: "no answer before the deadline"}
+		for i := range out {
+			out[i] = deliverer.Result{Outcome: deliverer.OutcomeRetry, Rule: "stream_timeout", ErrorCode: stripeexport.TransportTimeout, Message: "not sent before the deadline"}
+		}
+		return
+	}
+	for i, p := range u.items {
+		select {
+		case out[i] = <-p.reply:
+		case <-ctx.Done():
+			out[i] = deliverer.Result{Outcome: deliverer.OutcomeRetry, Rule: "stream_timeout", ErrorCode: stripeexport.TransportTimeout, Message: "no answer before the deadline"}
+		}
 	}
 }
 
-// queue returns account's queue, starting its senders on first use.
-func (x *Exporter) queue(account string) chan *pending {
+// queue returns account's queue, starting its batcher and senders on first
+// use.
+func (x *Exporter) queue(account string) chan *unit {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.closed {
@@ -220,50 +285,127 @@ func (x *Exporter) queue(account string) chan *pending {
 	}
 	q := x.queues[account]
 	if q == nil {
-		q = make(chan *pending, x.senders*x.maxBatch)
+		q = make(chan *unit, x.senders*x.maxBatch)
 		x.queues[account] = q
+		work := make(chan []*unit)
+		x.wg.Add(1 + x.senders)
+		go x.batcher(q, work)
 		for range x.senders {
-			x.wg.Add(1)
-			go x.sender(account, q)
+			go x.sender(account, work)
 		}
 	}
 	return q
 }
 
-// sender takes the first waiting item plus everything already queued (up
-// to maxBatch) and sends them as one request.
-func (x *Exporter) sender(account string, q chan *pending) {
+// batcher packs whole units from q into requests of at most maxBatch
+// events and hands each to a sender on work. A request is ready when full
+// or linger after its first unit; while no sender is free it keeps taking
+// units that fit. A unit that does not fit starts the next request. On
+// stop every unit not handed over is answered retry and work is closed.
+func (x *Exporter) batcher(q chan *unit, work chan []*unit) {
 	defer x.wg.Done()
-	for {
-		var first *pending
-		select {
-		case <-x.stop:
-			for {
-				select {
-				case p := <-q:
-					p.reply <- deliverer.Result{Outcome: deliverer.OutcomeRetry, Rule: "stream_closed", ErrorCode: "closed"}
-				default:
-					return
-				}
-			}
-		case first = <-q:
+	defer close(work)
+	var (
+		batch []*unit
+		n     int         // events in batch
+		carry *unit       // the unit that did not fit
+		timer *time.Timer // linger of batch
+		ready bool
+	)
+	closeAll := func() {
+		for _, u := range batch {
+			answerClosed(u)
 		}
-		batch := []*pending{first}
-	fill:
-		for len(batch) < x.maxBatch {
+		if carry != nil {
+			answerClosed(carry)
+		}
+		for {
 			select {
-			case p := <-q:
-				batch = append(batch, p)
+			case u := <-q:
+				answerClosed(u)
 			default:
-				break fill
+				return
 			}
 		}
-		live := batch[:0]
-		for _, p := range batch {
-			if p.ctx.Err() != nil { // its caller gave up; it answers retry itself
+	}
+	add := func(u *unit) {
+		if len(batch) == 0 {
+			if timer == nil {
+				timer = time.NewTimer(x.linger)
+			} else {
+				timer.Reset(x.linger)
+			}
+			ready = false
+		}
+		batch = append(batch, u)
+		n += len(u.items)
+		if n >= x.maxBatch {
+			ready = true
+		}
+	}
+	for {
+		if len(batch) == 0 {
+			if carry != nil {
+				add(carry)
+				carry = nil
 				continue
 			}
-			live = append(live, p)
+			select {
+			case <-x.stop:
+				closeAll()
+				return
+			case u := <-q:
+				add(u)
+			}
+			continue
+		}
+		var in chan *unit // nil: take nothing more
+		if carry == nil && n < x.maxBatch {
+			in = q
+		}
+		var out chan []*unit // nil: not ready yet
+		var linger <-chan time.Time
+		if ready {
+			out = work
+		} else {
+			linger = timer.C
+		}
+		select {
+		case <-x.stop:
+			closeAll()
+			return
+		case <-linger:
+			ready = true
+		case u := <-in:
+			if n+len(u.items) > x.maxBatch {
+				carry, ready = u, true
+			} else {
+				add(u)
+			}
+		case out <- batch:
+			timer.Stop() // Go ≥ 1.23: no stale value is received after Stop or Reset
+			batch, n = nil, 0
+		}
+	}
+}
+
+func answerClosed(u *unit) {
+	for _, p := range u.items {
+		p.reply <- deliverer.Result{Outcome: deliverer.OutcomeRetry, Rule: "stream_closed", ErrorCode: "closed"}
+	}
+}
+
+// sender sends each request it is handed as one call; the items whose
+// caller gave up meanwhile are left out (their caller answers retry).
+func (x *Exporter) sender(account string, work <-chan []*unit) {
+	defer x.wg.Done()
+	for units := range work {
+		var live []*pending
+		for _, u := range units {
+			if u.ctx.Err() != nil {
+				continue
+			}
+			live = append(live, u.items...)
 		}
 		if len(live) > 0 {
 			x.deliver(account, live, 0)
@@ -366,7 +508,10 @@ type Router struct {
 	Stream deliverer.Exporter
 }
 
-var _ deliverer.Exporter = Router{}
+var (
+	_ deliverer.Exporter      = Router{}
+	_ deliverer.GroupExporter = Router{}
+)
 
 // Name returns V1's name (both serve outbox.DefaultExporter).
 func (r Router) Name() string { return r.V1.Name() }
@@ -380,4 +525,42 @@ func (r Router) Export(ctx context.Context, req deliverer.Request) deliverer.Res
 		return r.Stream.Export(ctx, req)
 	}
 	return r.V1.Export(ctx, req)
+}
+
+// ExportGroup sends rs (one lane) as a unit: with Stream's ExportGroup when
+// they go by the stream and Stream is a deliverer.GroupExporter; stream
+// items of a Stream that is not go by concurrent Export calls (it
+// coalesces them); v1 items one Export after another (one call at a time
+// per lane).
+func (r Router) ExportGroup(ctx context.Context, rs []deliverer.Request) []deliverer.Result {
+	stream := r.Stream != nil && len(rs) > 0 && allVia(rs, deliverer.ExporterStream)
+	if g, ok := r.Stream.(deliverer.GroupExporter); ok && stream {
+		return g.ExportGroup(ctx, rs)
+	}
+	out := make([]deliverer.Result, len(rs))
+	if stream {
+		var wg sync.WaitGroup
+		for i, req := range rs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				out[i] = r.Stream.Export(ctx, req)
+			}()
+		}
+		wg.Wait()
+		return out
+	}
+	for i, req := range rs {
+		out[i] = r.Export(ctx, req)
+	}
+	return out
+}
+
+func allVia(rs []deliverer.Request, via string) bool {
+	for _, r := range rs {
+		if r.Via != via {
+			return false
+		}
+	}
+	return true
 }

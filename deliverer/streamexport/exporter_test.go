@@ -3,6 +3,7 @@ package streamexport
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -154,8 +155,8 @@ func TestOutcomeTable(t *testing.T) {
 // takes one, and returns the results in order.
 func exportAll(t *testing.T, x *Exporter, n int, timeout time.Duration) []deliverer.Result {
 	t.Helper()
-	// Fill the queue while the senders are held: start them only after.
-	q := make(chan *pending, n)
+	// Fill the queue while the batcher is held: start it only after.
+	q := make(chan *unit, n)
 	x.mu.Lock()
 	x.queues["acct_1"] = q
 	x.mu.Unlock()
@@ -173,9 +174,11 @@ func exportAll(t *testing.T, x *Exporter, n int, timeout time.Duration) []delive
 	for len(q) < n {
 		time.Sleep(time.Millisecond)
 	}
+	work := make(chan []*unit)
+	x.wg.Add(1 + x.senders)
+	go x.batcher(q, work)
 	for range x.senders {
-		x.wg.Add(1)
-		go x.sender("acct_1", q)
+		go x.sender("acct_1", work)
 	}
 	wg.Wait()
 	return out
@@ -395,3 +398,162 @@ func TestDocsTable(t *testing.T) {
 }
 
 type identityModeAlias = identity.Mode
+
+// laneReqs returns n requests of one lane (customer cus), keys from first.
+func laneReqs(cus string, first, n int) []deliverer.Request {
+	rs := make([]deliverer.Request, n)
+	for i := range rs {
+		rs[i] = req(first + i)
+		rs[i].Customer = cus
+	}
+	return rs
+}
+
+// exportGroups exports each group with ExportGroup concurrently, all
+// queued before the batcher takes any, and returns the results per group.
+func exportGroups(t *testing.T, x *Exporter, groups [][]deliverer.Request) [][]deliverer.Result {
+	t.Helper()
+	q := make(chan *unit, len(groups)+8)
+	x.mu.Lock()
+	x.queues["acct_1"] = q
+	x.mu.Unlock()
+	out := make([][]deliverer.Result, len(groups))
+	var wg sync.WaitGroup
+	for i, g := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			out[i] = x.ExportGroup(ctx, g)
+		}()
+	}
+	// A group of more than maxBatch queues its next part only after the
+	// first is answered: wait for the first parts only.
+	for len(q) < len(groups) {
+		time.Sleep(time.Millisecond)
+	}
+	work := make(chan []*unit)
+	x.wg.Add(1 + x.senders)
+	go x.batcher(q, work)
+	for range x.senders {
+		go x.sender("acct_1", work)
+	}
+	wg.Wait()
+	return out
+}
+
+// TestBatchesPackWholeLanes: lanes' groups queued together go out in
+// requests of up to 100 events packed from many lanes; a lane's group is
+// never split across requests, and a lane of more than 100 goes in
+// consecutive requests, never two at once (Stripe's one call at a time per
+// customer and meter). Every item gets its own accepted result.
+func TestBatchesPackWholeLanes(t *testing.T) {
+	var mu sync.Mutex
+	var reqs [][]Event
+	inFlight := map[string]int{}
+	overlap := false
+	srv := canned(t, func(w http.ResponseWriter, _ *http.Request, evs []Event) {
+		cus := map[string]bool{}
+		for _, e := range evs {
+			cus[e.Payload["stripe_customer_id"]] = true
+		}
+		mu.Lock()
+		reqs = append(reqs, evs)
+		for c := range cus {
+			inFlight[c]++
+			if inFlight[c] > 1 {
+				overlap = true
+			}
+		}
+		mu.Unlock()
+		time.Sleep(2 * time.Millisecond) // let a concurrent request of a lane show
+		mu.Lock()
+		for c := range cus {
+			inFlight[c]--
+		}
+		mu.Unlock()
+		io.WriteString(w, "{}")
+	})
+	x := newExporter(t, srv.URL, 10*time.Second, nil, nil)
+	x.senders = 4
+	var groups [][]deliverer.Request
+	next, total := 1, 0
+	for i := range 60 { // 60 lanes of 1..9 items: 300 events
+		n := i%9 + 1
+		groups = append(groups, laneReqs(fmt.Sprintf("cus_L%02d", i), next, n))
+		next += n
+		total += n
+	}
+	groups = append(groups, laneReqs("cus_BIG", next, 230)) // one lane beyond 100
+	total += 230
+	res := exportGroups(t, x, groups)
+	for gi, g := range res {
+		if len(g) != len(groups[gi]) {
+			t.Fatalf("group %d: %d results for %d requests", gi, len(g), len(groups[gi]))
+		}
+		for i, r := range g {
+			if r.Outcome != deliverer.OutcomeAccepted {
+				t.Fatalf("group %d item %d: %+v", gi, i, r)
+			}
+		}
+	}
+	if overlap {
+		t.Fatal("a lane had two requests in flight at once")
+	}
+	where := map[string]int{} // customer -> request index (small lanes)
+	events, big := 0, 0
+	for ri, evs := range reqs {
+		if len(evs) > MaxEvents {
+			t.Fatalf("request %d has %d events", ri, len(evs))
+		}
+		events += len(evs)
+		for _, e := range evs {
+			c := e.Payload["stripe_customer_id"]
+			if c == "cus_BIG" {
+				continue
+			}
+			if at, ok := where[c]; ok && at != ri {
+				t.Fatalf("lane %s split across requests %d and %d", c, at, ri)
+			}
+			where[c] = ri
+		}
+		for _, e := range evs {
+			if e.Payload["stripe_customer_id"] == "cus_BIG" {
+				big++
+			}
+		}
+	}
+	if events != total || big != 230 {
+		t.Fatalf("%d events sent (%d of the big lane), want %d (230)", events, big, total)
+	}
+	// 530 events, whole lanes: at least 6 requests; packed, not one per
+	// lane (61 lanes, the big one in 3 parts).
+	if len(reqs) < 6 || len(reqs) > 12 {
+		t.Fatalf("%d requests for %d events of 61 lanes", len(reqs), total)
+	}
+}
+
+// TestLingerRange: Linger beyond MaxLinger or negative is refused; 0 is
+// the default.
+func TestLingerRange(t *testing.T) {
+	for _, tc := range []struct {
+		linger time.Duration
+		ok     bool
+	}{{0, true}, {time.Millisecond, true}, {MaxLinger, true}, {-time.Millisecond, false}, {MaxLinger + time.Millisecond, false}} {
+		x, err := New(Config{Client: ClientConfig{APIKey: testKey, APIBase: "http://127.0.0.1:1", Timeout: time.Second}, Linger: tc.linger})
+		if (err == nil) != tc.ok {
+			t.Fatalf("linger %s: err %v", tc.linger, err)
+		}
+		if err != nil {
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "linger") {
+				t.Fatalf("linger %s: %v", tc.linger, err)
+			}
+			continue
+		}
+		if tc.linger == 0 && x.linger != DefaultLinger {
+			t.Fatalf("default linger %s", x.linger)
+		}
+		x.Close()
+	}
+}
