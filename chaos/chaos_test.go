@@ -39,8 +39,8 @@ func TestScheduleIsSeeded(t *testing.T) {
 		t.Fatalf("%d faults in 150 s with gaps of 1–3 s, want ≥ 50", len(a))
 	}
 	for _, k := range Kinds {
-		if kinds[k] == 0 {
-			t.Errorf("no %s fault in %d", k, len(a))
+		if w := DefaultWeights()[k]; (w > 0) != (kinds[k] > 0) {
+			t.Errorf("%d %s faults in %d with weight %v", kinds[k], k, len(a), w)
 		}
 	}
 }
