@@ -157,9 +157,56 @@ func (r *run) inject(ctx context.Context, sched []Planned) {
 	}
 }
 
-// fire injects one fault and schedules its recovery.
+// fire injects one fault and schedules its recovery. A fault whose kind
+// finds no target running (every deliverer down or stopped, the relay
+// down) waits for one, up to 10 s, before it is skipped.
 func (r *run) fire(ctx context.Context, pl Planned) Fault {
 	f := Fault{Planned: pl, Start: time.Now()}
+	target := r.choose(ctx, pl, &f)
+	for wait := time.Now().Add(10 * time.Second); target == nil && time.Now().Before(wait) && ctx.Err() == nil; {
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+		target = r.choose(ctx, pl, &f)
+	}
+	if target == nil {
+		f.Skipped = true
+		r.logf("fault %s skipped: no target running", pl.Kind)
+		return f
+	}
+	f.Target = target.name
+	var err error
+	if pl.Kind == FaultStopCont {
+		err = target.signal(syscall.SIGSTOP)
+	} else {
+		f.Start = time.Now()
+		err = target.kill9()
+	}
+	if err != nil {
+		f.Skipped = true
+		return f
+	}
+	r.logf("fault %s on %s (hot partitions %v), back in %s", pl.Kind, target.name, f.Hot, pl.Down.Round(time.Millisecond))
+	r.recoveries.Add(1)
+	time.AfterFunc(pl.Down, func() {
+		defer r.recoveries.Done()
+		if pl.Kind == FaultStopCont {
+			_ = target.signal(syscall.SIGCONT)
+			return
+		}
+		if target.current() == procDown {
+			if err := target.start(); err != nil {
+				r.logf("restart %s: %v", target.name, err)
+			}
+		}
+	})
+	return f
+}
+
+// choose returns the target of pl now (nil when none is running) and
+// notes in f what it owned.
+func (r *run) choose(ctx context.Context, pl Planned, f *Fault) *proc {
 	var target *proc
 	switch pl.Kind {
 	case FaultKillRelay:
@@ -211,38 +258,7 @@ func (r *run) fire(ctx context.Context, pl Planned) Fault {
 			f.Owned, f.Hot = owners[idx], r.hotOf(owners[idx])
 		}
 	}
-	if target == nil {
-		f.Skipped = true
-		r.logf("fault %s skipped: no target running", pl.Kind)
-		return f
-	}
-	f.Target = target.name
-	var err error
-	if pl.Kind == FaultStopCont {
-		err = target.signal(syscall.SIGSTOP)
-	} else {
-		f.Start = time.Now()
-		err = target.kill9()
-	}
-	if err != nil {
-		f.Skipped = true
-		return f
-	}
-	r.logf("fault %s on %s (hot partitions %v), back in %s", pl.Kind, target.name, f.Hot, pl.Down.Round(time.Millisecond))
-	r.recoveries.Add(1)
-	time.AfterFunc(pl.Down, func() {
-		defer r.recoveries.Done()
-		if pl.Kind == FaultStopCont {
-			_ = target.signal(syscall.SIGCONT)
-			return
-		}
-		if target.current() == procDown {
-			if err := target.start(); err != nil {
-				r.logf("restart %s: %v", target.name, err)
-			}
-		}
-	})
-	return f
+	return target
 }
 
 // streamNode returns the running nats-server leading AURORA_OUTBOX
