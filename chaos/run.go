@@ -79,6 +79,12 @@ func KillTrial(seed uint64) Options {
 		DrainTimeout: 3 * time.Minute}
 }
 
+// ShortEmulatorFaults: the emulator's faults in the short mode, besides
+// its 20 ms: 429s and 500s before anything is applied, and answers lost
+// after the event was applied (dropped connection, cut body), each of
+// which the deliverer must retry with the same identifier.
+const ShortEmulatorFaults = "latency=20ms,http429=0.02,http500=0.02,drop-after-apply=0.01,cut-after-apply=0.01"
+
 // Short returns the CI mode: a few thousand items and at least 50 faults
 // in under five minutes.
 func Short(seed uint64) Options {
@@ -88,6 +94,7 @@ func Short(seed uint64) Options {
 	o.FaultGap = [2]time.Duration{1200 * time.Millisecond, 3 * time.Second}
 	o.Weights = DefaultWeights()
 	o.LeaseSeconds = 20
+	o.EmulatorFaults = ShortEmulatorFaults
 	o.DrainTimeout = 100 * time.Second
 	return o
 }
