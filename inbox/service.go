@@ -7,6 +7,9 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
+
+	"github.com/aurora-billing/aurora/migrations"
 
 	"github.com/aurora-billing/aurora/shared/ops"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,21 +26,37 @@ const WebhookPath = "/webhooks/stripe"
 const IngestPoolConns = 16
 
 // NewMux returns the service's one listener: POST /webhooks/stripe plus
-// ops' /healthz, /readyz (the database answers and the inbox table exists)
-// and /metrics.
+// ops' /healthz, /readyz and /metrics. /readyz answers 503 "not ready:
+// database" when the database does not answer, and 503 naming the missing
+// billing_events table and `aurora migrate` when it answers unmigrated.
 func NewMux(pool *pgxpool.Pool, h *Handler, reg prometheus.Gatherer) *http.ServeMux {
-	mux := ops.Handler(reg, ops.Check{Name: "database", Fn: func(ctx context.Context) error {
-		var ok bool
-		return pool.QueryRow(ctx, `SELECT to_regclass('billing_events') IS NOT NULL`).Scan(&ok)
-	}})
+	mux := ops.Handler(reg,
+		ops.Check{Name: "database", Fn: func(ctx context.Context) error { return pool.Ping(ctx) }},
+		ops.Check{Name: "schema: billing_events missing, migrations not applied (run aurora migrate)", Fn: func(ctx context.Context) error {
+			var ok bool
+			if err := pool.QueryRow(ctx, `SELECT to_regclass('billing_events') IS NOT NULL`).Scan(&ok); err != nil {
+				return err
+			}
+			if !ok {
+				return errNoInboxTable
+			}
+			return nil
+		}})
 	mux.Handle("POST "+WebhookPath, h)
 	return mux
 }
 
 // Run serves the webhook endpoint and runs the worker until ctx ends.
-// cfg must have passed Validate.
+// cfg must have passed Validate. It refuses to start on a database that is
+// not migrated to this build's schema, or whose migrations came from other
+// files (an error wrapping migrations.ErrNotMigrated or
+// migrations.ErrSchemaMismatch, naming the migrations); a database that
+// does not answer yet is waited out, not refused.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if err := requireSchema(ctx, cfg.Database.URL, log); err != nil {
 		return err
 	}
 	pcfg, err := pgxpool.ParseConfig(cfg.Database.SessionURL())
@@ -64,6 +83,23 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	g.Go(func() error { return w.Run(gctx) })
 	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
 		return err
+	}
+	return nil
+}
+
+// errNoInboxTable: the database answers but has no billing_events table.
+var errNoInboxTable = errors.New("inbox: billing_events missing")
+
+// requireSchema is the start check every aurora service makes
+// (migrations.Require), bounded to 10 s.
+func requireSchema(ctx context.Context, url string, log *slog.Logger) error {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := migrations.Require(cctx, url); err != nil {
+		if migrations.Refused(err) {
+			return fmt.Errorf("inbox: %w", err)
+		}
+		log.Warn("inbox: could not check the schema; starting anyway", "err", err)
 	}
 	return nil
 }

@@ -130,3 +130,42 @@ func TestVerifyRefusesAnotherFile(t *testing.T) {
 		t.Fatalf("Up on a mismatched database: %v, want ErrSchemaMismatch", err)
 	}
 }
+
+// TestRequire: the check every service makes before it starts refuses a
+// database with no migrations (naming a pending file) and one whose
+// recorded checksum differs (naming the migration), and passes a freshly
+// migrated one; a database that cannot be asked is neither refusal.
+func TestRequire(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.NewEmptyDatabase(t)
+	err := migrations.Require(ctx, url)
+	var nm *migrations.NotMigratedError
+	if !errors.Is(err, migrations.ErrNotMigrated) || !errors.As(err, &nm) || !migrations.Refused(err) ||
+		!strings.Contains(err.Error(), "00001_") || !strings.Contains(err.Error(), "aurora migrate") {
+		t.Fatalf("empty database: %v, want ErrNotMigrated naming 00001_… and `aurora migrate`", err)
+	}
+	if _, err := migrations.Up(ctx, url); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Require(ctx, url); err != nil {
+		t.Fatalf("migrated database: %v", err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `UPDATE aurora_schema_checksums SET sha256 = repeat('0', 64) WHERE version = 17`); err != nil {
+		t.Fatal(err)
+	}
+	err = migrations.Require(ctx, url)
+	if !errors.Is(err, migrations.ErrSchemaMismatch) || !migrations.Refused(err) ||
+		!strings.Contains(err.Error(), "00017_take_bumps_dispatch.sql") {
+		t.Fatalf("altered checksum: %v, want ErrSchemaMismatch naming 00017_take_bumps_dispatch.sql", err)
+	}
+	err = migrations.Require(ctx, "postgres://postgres@127.0.0.1:1/nowhere?connect_timeout=1")
+	if err == nil || migrations.Refused(err) || !errors.Is(err, migrations.ErrMigrate) {
+		t.Fatalf("unreachable database: %v, want ErrMigrate and no refusal", err)
+	}
+}

@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/aurora-billing/aurora/migrations"
@@ -47,42 +45,18 @@ func connectNATS(who, url string, log *slog.Logger) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// errNotMigrated: the database answers but lacks migrations this binary
-// needs; the service refuses to start (exit 1) instead of failing on its
-// first statement with "relation … does not exist".
-var errNotMigrated = errors.New("database not migrated")
-
 // requireMigrated refuses to start the service who when the database at url
-// has migrations this binary knows but that are not applied, naming them
-// and the command that applies them, or migrations applied from other files
-// than this build's (migrations.SchemaMismatchError names each). A database that does not answer is
-// not refused here: the services wait out outages.
+// is not what this build was made for (migrations.Require: migrations not
+// applied, or applied from other files, each named). A database that does
+// not answer is not refused here: the services wait out outages.
 func requireMigrated(ctx context.Context, who, url string, log *slog.Logger) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	st, err := migrations.StatusOf(cctx, url)
-	if err != nil {
-		log.Warn(who+": could not check the schema version; starting anyway", "err", err)
-		return nil
-	}
-	var pending []string
-	for _, m := range st {
-		if !m.Applied {
-			pending = append(pending, fmt.Sprint(m.Version))
-		}
-	}
-	if len(pending) > 0 {
-		return fmt.Errorf("%s: %w: migrations %s are not applied; run `aurora migrate` (or `auroractl migrate up`) against AURORA_DATABASE_URL",
-			who, errNotMigrated, strings.Join(pending, ", "))
-	}
-	// Applied is not enough: each must have been applied from this build's
-	// file (a database migrated at another commit can hold a migration of
-	// the same number that did something else).
-	if err := migrations.Verify(cctx, url); err != nil {
-		if errors.Is(err, migrations.ErrSchemaMismatch) {
+	if err := migrations.Require(cctx, url); err != nil {
+		if migrations.Refused(err) {
 			return fmt.Errorf("%s: %w", who, err)
 		}
-		log.Warn(who+": could not verify the schema checksums; starting anyway", "err", err)
+		log.Warn(who+": could not check the schema; starting anyway", "err", err)
 	}
 	return nil
 }
