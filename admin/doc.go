@@ -14,4 +14,10 @@
 //	3  not found                                        ExitNotFound
 //	4  expected state mismatch: the row moved           ExitStateMismatch
 //	5  refused by a rule (mapping_changed, already_scheduled, …) ExitRefused
+//
+// A command that writes refuses (5), naming the migrations, a database
+// with migrations of this build not applied or applied from other files
+// (the check every service makes at start); read-only commands (status,
+// list, inspect, actions) print a warning to stderr and go on; migrate and
+// key are not judged.
 package admin

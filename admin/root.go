@@ -76,7 +76,7 @@ func NewRootCmd(streams IO) *cobra.Command {
 		if validate {
 			return check(cmd)
 		}
-		return nil
+		return requireSchema(cmd)
 	}
 	root.RunE = func(cmd *cobra.Command, _ []string) error {
 		if validate {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/aurora-billing/aurora/migrations"
 	"github.com/aurora-billing/aurora/shared/ops"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
@@ -71,9 +72,15 @@ func (s *Service) Loop(ctx context.Context) error {
 // answers and the reconciliation tables exist) and /metrics on
 // cfg.HTTPAddr, and a provider run every cfg.Interval (the first at
 // start). With once, one run and return its error (no listener). cfg must
-// pass Validate.
+// pass Validate. It refuses to start (before any run) on a database not
+// migrated to this build's schema or migrated from other files (an error
+// wrapping migrations.ErrNotMigrated or migrations.ErrSchemaMismatch that
+// names the migrations); a database that does not answer is waited out.
 func Run(ctx context.Context, cfg Config, once bool, log *slog.Logger) (RunReport, error) {
 	if err := cfg.Validate(); err != nil {
+		return RunReport{}, err
+	}
+	if err := requireSchema(ctx, cfg.Database.URL, log); err != nil {
 		return RunReport{}, err
 	}
 	pool, err := pgxpool.New(ctx, cfg.Database.URL)
@@ -111,4 +118,18 @@ func Run(ctx context.Context, cfg Config, once bool, log *slog.Logger) (RunRepor
 		return RunReport{}, err
 	}
 	return RunReport{}, nil
+}
+
+// requireSchema is the start check every aurora service makes
+// (migrations.Require), bounded to 10 s.
+func requireSchema(ctx context.Context, url string, log *slog.Logger) error {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := migrations.Require(cctx, url); err != nil {
+		if migrations.Refused(err) {
+			return fmt.Errorf("reconciler: %w", err)
+		}
+		log.Warn("reconciler: could not check the schema; starting anyway", "err", err)
+	}
+	return nil
 }
