@@ -1,0 +1,351 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"math/rand/v2"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aurora-billing/aurora/shared/outbox"
+)
+
+// FaultKind names a fault the harness injects.
+type FaultKind string
+
+// The fault kinds.
+const (
+	// FaultKillOwner: kill -9 the deliverer that owns the most hot
+	// partitions (aurora_deliverer_partition_owned), restart it after the
+	// fault's downtime.
+	FaultKillOwner FaultKind = "kill_owner"
+	// FaultKillDeliverer: kill -9 a deliverer picked by the seed.
+	FaultKillDeliverer FaultKind = "kill_deliverer"
+	// FaultStopCont: SIGSTOP a deliverer picked by the seed, SIGCONT after
+	// the downtime (sometimes past its lease and its pinned TTL).
+	FaultStopCont FaultKind = "stop_cont"
+	// FaultKillRelay: kill -9 the relay, restart it after the downtime.
+	FaultKillRelay FaultKind = "kill_relay"
+)
+
+// The faults of a NATS cluster (Options.NATSNodes > 1).
+const (
+	// FaultKillStreamLeader: kill -9 the nats-server leading AURORA_OUTBOX,
+	// restart it (same store) after the downtime.
+	FaultKillStreamLeader FaultKind = "kill_stream_leader"
+	// FaultKillStreamFollower: kill -9 a nats-server that replicates
+	// AURORA_OUTBOX without leading it.
+	FaultKillStreamFollower FaultKind = "kill_stream_follower"
+)
+
+// Kinds lists every fault kind, in a fixed order (the schedule draws by it).
+var Kinds = []FaultKind{FaultKillOwner, FaultKillDeliverer, FaultStopCont, FaultKillRelay, FaultKillStreamLeader, FaultKillStreamFollower}
+
+// DefaultWeights: the short mode's mix.
+func DefaultWeights() map[FaultKind]float64 {
+	return map[FaultKind]float64{FaultKillOwner: 0.35, FaultKillDeliverer: 0.15, FaultStopCont: 0.25, FaultKillRelay: 0.25}
+}
+
+// Planned is one fault of a schedule: when (offset from the start of the
+// load), what, for how long the target stays down or stopped, and a draw
+// that picks a target where the kind leaves it to chance.
+type Planned struct {
+	At   time.Duration
+	Kind FaultKind
+	Down time.Duration
+	Pick float64 // in [0, 1)
+}
+
+// Schedule returns the faults of a run: gaps drawn in [gap[0], gap[1]]
+// until span, kinds by weight, downtimes by kind. Equal arguments give the
+// equal schedules (PCG seeded by seed).
+func Schedule(seed uint64, span time.Duration, gap [2]time.Duration, weights map[FaultKind]float64) []Planned {
+	rng := rand.New(rand.NewPCG(seed, 0x6368616f73)) // "chaos"
+	total := 0.0
+	for _, k := range Kinds {
+		total += weights[k]
+	}
+	between := func(lo, hi time.Duration) time.Duration {
+		if hi <= lo {
+			return lo
+		}
+		return lo + time.Duration(rng.Int64N(int64(hi-lo)))
+	}
+	var out []Planned
+	at := time.Duration(0)
+	for {
+		at += between(gap[0], gap[1])
+		if at >= span {
+			return out
+		}
+		x := rng.Float64() * total
+		var kind FaultKind
+		for _, k := range Kinds {
+			if weights[k] > 0 {
+				kind = k // the last kind with a weight, should rounding leave x ≥ 0
+			}
+		}
+		for _, k := range Kinds {
+			if x < weights[k] {
+				kind = k
+				break
+			}
+			x -= weights[k]
+		}
+		var down time.Duration
+		switch kind {
+		case FaultKillOwner, FaultKillDeliverer:
+			down = between(500*time.Millisecond, 3*time.Second)
+		case FaultStopCont:
+			// mostly shorter than the pinned TTL, one in four well past
+			// it (and past a short lease)
+			if rng.IntN(4) == 0 {
+				down = between(12*time.Second, 25*time.Second)
+			} else {
+				down = between(1*time.Second, 8*time.Second)
+			}
+		case FaultKillRelay:
+			down = between(200*time.Millisecond, 2*time.Second)
+		case FaultKillStreamLeader, FaultKillStreamFollower:
+			down = between(1*time.Second, 5*time.Second)
+		}
+		out = append(out, Planned{At: at, Kind: kind, Down: down, Pick: rng.Float64()})
+	}
+}
+
+// Fault is an injected fault, as it happened.
+type Fault struct {
+	Planned
+	Target string    `json:"target"`
+	Start  time.Time `json:"start"`
+	// Partitions the target owned when it was hit (deliverers; as of its
+	// last attach check), and of those the hot ones.
+	Owned []int `json:"owned,omitempty"`
+	Hot   []int `json:"hot,omitempty"`
+	// Skipped: no target was running.
+	Skipped bool `json:"skipped,omitempty"`
+}
+
+const sigCont = syscall.SIGCONT
+
+// waitPending waits for every scheduled restart and SIGCONT to have run.
+func (r *run) waitPending() { r.recoveries.Wait() }
+
+func (r *run) faultList() []Fault {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Fault(nil), r.faults...)
+}
+
+// inject runs the schedule until it ends or ctx does.
+func (r *run) inject(ctx context.Context, sched []Planned) {
+	start := time.Now()
+	for _, pl := range sched {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Until(start.Add(pl.At))):
+		}
+		f := r.fire(ctx, pl)
+		r.mu.Lock()
+		r.faults = append(r.faults, f)
+		r.mu.Unlock()
+	}
+}
+
+// fire injects one fault and schedules its recovery.
+func (r *run) fire(ctx context.Context, pl Planned) Fault {
+	f := Fault{Planned: pl, Start: time.Now()}
+	var target *proc
+	switch pl.Kind {
+	case FaultKillRelay:
+		if r.relay.current() == procRunning {
+			target = r.relay
+		}
+	case FaultKillStreamLeader, FaultKillStreamFollower:
+		target = r.streamNode(ctx, pl.Kind == FaultKillStreamLeader, pl.Pick)
+	case FaultKillOwner:
+		// The owner of the most hot partitions; while a take-over is
+		// under way nobody may own them yet: wait for one (a bounded
+		// while), so the kills hit owners, repeatedly.
+		waitUntil := time.Now().Add(time.Duration(r.o.PinnedTTLSeconds)*time.Second + 10*time.Second)
+		for {
+			owners := r.owners(ctx)
+			best, bestHot := -1, -1
+			for i, p := range r.dels {
+				if p.current() != procRunning {
+					continue
+				}
+				if h := len(r.hotOf(owners[i])); h > bestHot {
+					best, bestHot = i, h
+				}
+			}
+			if best >= 0 && (bestHot > 0 || time.Now().After(waitUntil)) {
+				target = r.dels[best]
+				f.Owned, f.Hot = owners[best], r.hotOf(owners[best])
+				break
+			}
+			if best < 0 && time.Now().After(waitUntil) || ctx.Err() != nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	case FaultKillDeliverer, FaultStopCont:
+		var up []int
+		for i, p := range r.dels {
+			if p.current() == procRunning {
+				up = append(up, i)
+			}
+		}
+		if len(up) > 0 {
+			idx := up[int(pl.Pick*float64(len(up)))]
+			target = r.dels[idx]
+			owners := r.owners(ctx)
+			f.Owned, f.Hot = owners[idx], r.hotOf(owners[idx])
+		}
+	}
+	if target == nil {
+		f.Skipped = true
+		r.logf("fault %s skipped: no target running", pl.Kind)
+		return f
+	}
+	f.Target = target.name
+	var err error
+	if pl.Kind == FaultStopCont {
+		err = target.signal(syscall.SIGSTOP)
+	} else {
+		f.Start = time.Now()
+		err = target.kill9()
+	}
+	if err != nil {
+		f.Skipped = true
+		return f
+	}
+	r.logf("fault %s on %s (hot partitions %v), back in %s", pl.Kind, target.name, f.Hot, pl.Down.Round(time.Millisecond))
+	r.recoveries.Add(1)
+	time.AfterFunc(pl.Down, func() {
+		defer r.recoveries.Done()
+		if pl.Kind == FaultStopCont {
+			_ = target.signal(syscall.SIGCONT)
+			return
+		}
+		if target.current() == procDown {
+			if err := target.start(); err != nil {
+				r.logf("restart %s: %v", target.name, err)
+			}
+		}
+	})
+	return f
+}
+
+// streamNode returns the running nats-server leading AURORA_OUTBOX
+// (leader) or one of its running followers (picked by pick), nil when the
+// cluster does not say (no leader now, or a single node).
+func (r *run) streamNode(ctx context.Context, leader bool, pick float64) *proc {
+	if len(r.nats.nodes) < 2 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	s, err := r.js.Stream(ctx, outbox.StreamName)
+	if err != nil {
+		return nil
+	}
+	info, err := s.Info(ctx)
+	if err != nil || info.Cluster == nil || info.Cluster.Leader == "" {
+		return nil
+	}
+	if leader {
+		if p := r.nats.node(info.Cluster.Leader); p != nil && p.current() == procRunning {
+			return p
+		}
+		return nil
+	}
+	var up []*proc
+	for _, peer := range info.Cluster.Replicas {
+		if p := r.nats.node(peer.Name); p != nil && p.current() == procRunning && peer.Current {
+			up = append(up, p)
+		}
+	}
+	if len(up) == 0 {
+		return nil
+	}
+	return up[int(pick*float64(len(up)))]
+}
+
+// hotOf returns the partitions of parts that carry a hot tenant's lane.
+func (r *run) hotOf(parts []int) []int {
+	hot := map[int]bool{}
+	for _, t := range r.hot {
+		hot[r.partitions[t]] = true
+	}
+	var out []int
+	for _, p := range parts {
+		if hot[p] {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// owners asks every running deliverer's /metrics which partitions it
+// owns (aurora_deliverer_partition_owned{partition} 1), by deliverer index.
+// A deliverer that does not answer within 500 ms owns nothing here.
+func (r *run) owners(ctx context.Context) map[int][]int {
+	out := map[int][]int{}
+	for i, addr := range r.delHTTP {
+		if r.dels[i].current() != procRunning {
+			continue
+		}
+		out[i] = scrapeOwned(ctx, "http://"+addr+"/metrics")
+	}
+	return out
+}
+
+// scrapeOwned reads the partitions a deliverer's metrics say it owns.
+func scrapeOwned(ctx context.Context, url string) []int {
+	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	return parseOwned(bufio.NewScanner(resp.Body))
+}
+
+// parseOwned parses Prometheus text lines
+// aurora_deliverer_partition_owned{partition="N"} V and returns the N with
+// V = 1, sorted.
+func parseOwned(sc *bufio.Scanner) []int {
+	const prefix = `aurora_deliverer_partition_owned{partition="`
+	var out []int
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, prefix)
+		if !ok {
+			continue
+		}
+		num, val, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			continue
+		}
+		p, err := strconv.Atoi(num)
+		if err != nil {
+			continue
+		}
+		if v, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil && v == 1 {
+			out = append(out, p)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
