@@ -189,7 +189,7 @@ func blameWhatWasSet(err error, environ map[string]string) {
 			continue
 		}
 		origin := func(k string) string {
-			if _, ok := lookupEnv(environ, k); ok {
+			if v, ok := lookupEnv(environ, k); ok && strings.TrimSpace(v) != "" {
 				return "set"
 			}
 			return "default"
