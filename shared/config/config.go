@@ -37,9 +37,15 @@ type RangeError struct {
 	Malformed bool
 }
 
+// Error reads "config: VAR=VALUE is out of range; allowed …", "config:
+// VAR=VALUE is not an integer; allowed …" for a malformed one, and
+// "config: VAR is required; allowed …" when the value is empty (unset).
 func (e *RangeError) Error() string {
 	if e.Malformed {
 		return fmt.Sprintf("config: %s=%s is not %s", e.Var, e.Value, e.Allowed)
+	}
+	if e.Value == "" {
+		return fmt.Sprintf("config: %s is required; allowed %s", e.Var, e.Allowed)
 	}
 	return fmt.Sprintf("config: %s=%s is out of range; allowed %s", e.Var, e.Value, e.Allowed)
 }

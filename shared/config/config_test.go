@@ -119,3 +119,15 @@ func TestListenAddr(t *testing.T) {
 		}
 	}
 }
+
+// An empty (unset) value is reported as required, not as out of range.
+func TestEmptyValueIsRequired(t *testing.T) {
+	t.Parallel()
+	err := error(&RangeError{Var: "AURORA_STRIPE_API_KEY", Value: "", Allowed: "a Stripe secret key sk_…"})
+	if got := err.Error(); got != "config: AURORA_STRIPE_API_KEY is required; allowed a Stripe secret key sk_…" {
+		t.Fatalf("got %q", got)
+	}
+	if err := ListenAddr("INBOX_ADDR", "", false); err == nil || !strings.Contains(err.Error(), "AURORA_INBOX_ADDR is required") {
+		t.Fatalf("empty listen address: %v", err)
+	}
+}
