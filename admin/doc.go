@@ -14,6 +14,7 @@
 //	3  not found                                        ExitNotFound
 //	4  expected state mismatch: the row moved           ExitStateMismatch
 //	5  refused by a rule (mapping_changed, already_scheduled, …) ExitRefused
+//	6  auroractl status: measured, and a figure needs a person  ExitAttention
 //
 // A command that writes refuses (5), naming the migrations, a database
 // with migrations of this build not applied or applied from other files

@@ -35,8 +35,10 @@ keeps both as one ambiguity (docs/inbox.md, "Same-second events").
                                                       the events are settled 'resolved', and operator,
                                                       reason, Stripe's objects and the projection are recorded
 
-Exit codes: 3 unknown event, 4 not part of an ambiguity / already resolved / changed meanwhile,
-5 Stripe's state cannot decide (unmapped price, unsettled invoice, another customer), 1 Stripe unreachable.`,
+Exit codes: 3 unknown event, or Stripe answered 404 for the subscription or an invoice (not of
+this key's account or mode), 4 not part of an ambiguity / already resolved / changed meanwhile,
+5 Stripe's state cannot decide (unmapped price, unsettled invoice, another customer), 1 Stripe
+unreachable or failing (transport error, 5xx, a key Stripe rejects).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if yes && !fromProvider {
@@ -113,6 +115,7 @@ Exit codes: 3 unknown event, 4 not part of an ambiguity / already resolved / cha
 
 // resolveExit maps resolution errors to exit codes.
 func resolveExit(err error) error {
+	var pe *inbox.ProviderError
 	switch {
 	case errors.Is(err, inbox.ErrEventNotFound):
 		return &ExitError{Code: ExitNotFound, Msg: err.Error(), Err: err}
@@ -126,6 +129,9 @@ func resolveExit(err error) error {
 		return &ExitError{Code: ExitInvalidInput, Msg: err.Error(), Err: err}
 	case errors.Is(err, inbox.ErrProviderRefused):
 		return &ExitError{Code: ExitRefused, Msg: err.Error(), Err: err}
+	case errors.As(err, &pe) && pe.NotFound():
+		return &ExitError{Code: ExitNotFound, Err: err, Msg: err.Error() +
+			"; Stripe answered, and has no such object for this key: check AURORA_STRIPE_API_KEY is of the account and mode the events came from"}
 	default:
 		return err
 	}

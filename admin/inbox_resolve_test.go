@@ -161,9 +161,10 @@ func TestInboxResolveFromProviderAgainstTheEmulator(t *testing.T) {
 		t.Fatalf("unknown: %d", code)
 	}
 
-	// never told: Stripe's 404 is a failure naming the call, no customer id
+	// never told: Stripe's 404 is not found (3, not 1 "unreachable"), naming the call, no customer id
 	code, _, errs = runCtl(t, env, "inbox", "resolve", "evt_del", "--from-provider")
-	if code != ExitFailure || !strings.Contains(errs, "subscription sub_1: HTTP 404") || strings.Contains(errs, "cus_secret") {
+	if code != ExitNotFound || !strings.Contains(errs, "subscription sub_1: HTTP 404") || !strings.Contains(errs, "no such object") ||
+		strings.Contains(errs, "cus_secret") {
 		t.Fatalf("untold subscription: %d %q", code, errs)
 	}
 

@@ -20,6 +20,10 @@ const (
 	ExitNotFound      = 3
 	ExitStateMismatch = 4
 	ExitRefused       = 5
+	// ExitAttention: measured, and at least one figure needs a person
+	// (auroractl status: a count only a person moves above zero, or an age
+	// past its alert's objective).
+	ExitAttention = 6
 )
 
 // ExitError carries an exit code and a one-line message that says what to

@@ -50,8 +50,11 @@ outbox backlog age by state, the webhook inbox's pending events, dead letters an
 attempts, open reconciliation items, and the domain events' dead letters and each
 consumer's catch-up lag. For each figure that needs a person — above zero for what only a
 person moves (uncertain, quarantined, dead letters, open findings), past the alert's
-objective for ages — it prints the next command to run and the RUNBOOK.md section. It writes nothing. Exit 0 when measured
-(whatever the figures), 1 when the database cannot be measured.`,
+objective for ages — it prints the next command to run and the RUNBOOK.md section. It writes nothing.
+
+Exit codes, for cron and scripts: 0 measured and nothing needs a person; 6 measured and at
+least one figure needs a person (the screen, or --json, is printed first); 1 the database
+cannot be measured.`,
 		Example: "  auroractl status\n  auroractl status --json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -63,13 +66,33 @@ objective for ages — it prints the next command to run and the RUNBOOK.md sect
 			if asJSON {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
-				return enc.Encode(statusJSON{MeasuredAt: s.MeasuredAt, Lines: lines, Snapshot: s})
+				err = enc.Encode(statusJSON{MeasuredAt: s.MeasuredAt, Lines: lines, Snapshot: s})
+			} else {
+				err = renderStatus(cmd.OutOrStdout(), s, lines)
 			}
-			return renderStatus(cmd.OutOrStdout(), s, lines)
+			if err != nil {
+				return err
+			}
+			return attentionError(lines)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON on stdout")
 	return cmd
+}
+
+// attentionError is an ExitError with ExitAttention naming how many
+// figures need a person, or nil when none does.
+func attentionError(lines []StatusLine) error {
+	var n int
+	for _, l := range lines {
+		if l.Attention {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return &ExitError{Code: ExitAttention, Msg: fmt.Sprintf("status: %d figure(s) need a person; see the next command of each (exit %d)", n, ExitAttention)}
 }
 
 func measureStatus(ctx context.Context) (gauge.Snapshot, error) {

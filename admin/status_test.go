@@ -2,6 +2,7 @@ package admin
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
@@ -36,8 +37,8 @@ func TestStatusOnAQuietDatabase(t *testing.T) {
 func TestStatusNamesTheNextCommandForEachNonZeroFigure(t *testing.T) {
 	d := newRecoveryDB(t) // 2 uncertain, 1 quarantined feature_unmapped, 1 customer_missing
 	code, out, errOut := runCtl(t, d.env, "status")
-	if code != ExitOK {
-		t.Fatalf("exit %d: %s", code, errOut)
+	if code != ExitAttention || !strings.Contains(errOut, "need a person") {
+		t.Fatalf("exit %d (want %d, something needs a person): %s", code, ExitAttention, errOut)
 	}
 	for _, want := range []string{
 		"outbox uncertain", "2", "auroractl recovery list --state uncertain", "[RUNBOOK.md: AuroraUncertainItems]",
@@ -52,7 +53,7 @@ func TestStatusNamesTheNextCommandForEachNonZeroFigure(t *testing.T) {
 	}
 	code, out, _ = runCtl(t, d.env, "status", "--json")
 	var got statusJSON
-	if code != ExitOK || json.Unmarshal([]byte(out), &got) != nil {
+	if code != ExitAttention || json.Unmarshal([]byte(out), &got) != nil {
 		t.Fatalf("--json: exit %d\n%s", code, out)
 	}
 	byFigure := map[string]StatusLine{}
@@ -153,5 +154,34 @@ func TestStatusAgeShowsNoneAndWholeSeconds(t *testing.T) {
 		if got := statusAge(in); got != want {
 			t.Errorf("statusAge(%v) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// The exit code is a documented function of the lines: 0 when none needs a
+// person, ExitAttention (6) when any does.
+func TestStatusExitCodeSaysWhetherAPersonIsNeeded(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		lines []StatusLine
+		code  int
+	}{
+		{"none", nil, ExitOK},
+		{"quiet", []StatusLine{{Figure: "outbox pending", Value: 40}}, ExitOK},
+		{"one past its objective", []StatusLine{{Figure: "outbox pending", Value: 40}, {Figure: "inbox pending, oldest", Value: 7200, Attention: true}}, ExitAttention},
+	} {
+		err := attentionError(tc.lines)
+		code := ExitOK
+		var ee *ExitError
+		if errors.As(err, &ee) {
+			code = ee.Code
+		} else if err != nil {
+			code = -1
+		}
+		if code != tc.code {
+			t.Errorf("%s: exit %d (%v), want %d", tc.name, code, err, tc.code)
+		}
+	}
+	if ExitAttention != 6 {
+		t.Fatalf("ExitAttention is %d; it is documented as 6", ExitAttention)
 	}
 }

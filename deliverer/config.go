@@ -119,19 +119,20 @@ func (c *Config) Validate() error {
 				Allowed: "comma-separated subjects " + outbox.SubjectPrefix + ".<exporter>.<tenant-token>, either token may be '*', or ending in '>'"}
 		}
 	}
-	// The call must end within the lease; judged only against a lease that
-	// is itself in range (else the one error is the lease's).
-	timeoutMax := 3599
-	if config.IntRange("OUTBOX_LEASE_SECONDS", c.LeaseSeconds, 5, 3600, "") == nil {
-		timeoutMax = c.LeaseSeconds - 1
+	// The call must end within the lease; judged only between a lease and
+	// a timeout each in range (else the one error is that one's), and
+	// blamed on whichever of them was set (config.Load).
+	timeout := config.IntRange("STRIPE_TIMEOUT_SECONDS", c.ProviderTimeoutSeconds, 1, 3599, "seconds")
+	if timeout == nil && config.IntRange("OUTBOX_LEASE_SECONDS", c.LeaseSeconds, 5, 3600, "") == nil {
+		timeout = config.Relation("STRIPE_TIMEOUT_SECONDS", c.ProviderTimeoutSeconds, "<", "OUTBOX_LEASE_SECONDS", c.LeaseSeconds,
+			"a Stripe call must end within the item's lease")
 	}
 	return errors.Join(
 		c.Outbox.Validate(),
 		config.IntRange("DELIVERER_CONCURRENCY", c.Concurrency, 1, 4096, "calls"),
 		consumer, filter,
 		config.IntRange("DELIVERER_ACK_WAIT_SECONDS", c.AckWaitSeconds, 5, 3600, "seconds"),
-		config.IntRange("STRIPE_TIMEOUT_SECONDS", c.ProviderTimeoutSeconds, 1, timeoutMax,
-			fmt.Sprintf("seconds, below AURORA_OUTBOX_LEASE_SECONDS=%d: lower this or raise the lease", c.LeaseSeconds)),
+		timeout,
 		config.IntRange("DELIVERER_BUSY_DELAY_MS", c.BusyDelayMillis, 10, 60000, "milliseconds"),
 		config.IntRange("DELIVERER_SHUTDOWN_SECONDS", c.ShutdownSeconds, 1, 600, "seconds"),
 		config.IntRange("DELIVERER_PINNED_TTL_SECONDS", c.PinnedTTLSeconds, 1, 600, "seconds"),

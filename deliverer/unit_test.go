@@ -53,7 +53,11 @@ func TestConfigValidate(t *testing.T) {
 		{map[string]string{"AURORA_DELIVERER_FILTER_SUBJECT": "other.>"}, "AURORA_DELIVERER_FILTER_SUBJECT"},
 		{map[string]string{"AURORA_DELIVERER_CONSUMER": "a.b"}, "AURORA_DELIVERER_CONSUMER"},
 		{map[string]string{"AURORA_DELIVERER_FILTER_SUBJECT": "aurora.outbox.x.a,other.b"}, "AURORA_DELIVERER_FILTER_SUBJECT"},
-		{map[string]string{"AURORA_STRIPE_TIMEOUT_SECONDS": "120"}, "AURORA_STRIPE_TIMEOUT_SECONDS"},
+		{map[string]string{"AURORA_STRIPE_TIMEOUT_SECONDS": "120"}, "config: AURORA_STRIPE_TIMEOUT_SECONDS=120 (set) must be less than AURORA_OUTBOX_LEASE_SECONDS=120 (its default)"},
+		// the lease was set, the timeout left at its default: the lease is named
+		{map[string]string{"AURORA_OUTBOX_LEASE_SECONDS": "30"}, "config: AURORA_OUTBOX_LEASE_SECONDS=30 (set) must be more than AURORA_STRIPE_TIMEOUT_SECONDS=30 (its default): a Stripe call must end within the item's lease; change AURORA_OUTBOX_LEASE_SECONDS or set AURORA_STRIPE_TIMEOUT_SECONDS"},
+		{map[string]string{"AURORA_OUTBOX_LEASE_SECONDS": "30", "AURORA_STRIPE_TIMEOUT_SECONDS": "40"}, "config: AURORA_STRIPE_TIMEOUT_SECONDS=40 (set) must be less than AURORA_OUTBOX_LEASE_SECONDS=30 (set)"},
+		{map[string]string{"AURORA_OUTBOX_LEASE_SECONDS": "99999999999999999999"}, "config: AURORA_OUTBOX_LEASE_SECONDS=99999999999999999999 is out of range; allowed 5..3600 (seconds)"},
 		{map[string]string{"AURORA_DELIVERER_ACK_WAIT_SECONDS": "1"}, "AURORA_DELIVERER_ACK_WAIT_SECONDS"},
 		{map[string]string{"AURORA_UNCERTAINTY_HORIZON_SECONDS": "86400"}, "AURORA_UNCERTAINTY_HORIZON_SECONDS"},
 		{map[string]string{"AURORA_DELIVERER_BUSY_DELAY_MS": "x"}, "AURORA_DELIVERER_BUSY_DELAY_MS"},

@@ -44,11 +44,7 @@ type Config struct {
 // Validate names the first bad variable and its allowed range; every error
 // is a *config.RangeError wrapping config.ErrInvalid.
 func (c *Config) Validate() error {
-	secrets := c.Secrets()
-	var secErr error
-	if len(secrets) == 0 {
-		secErr = &config.RangeError{Var: config.Prefix + "STRIPE_WEBHOOK_SECRET", Value: "", Allowed: "one or more signing secrets, comma-separated"}
-	}
+	secErr := validSecrets(c.Secrets())
 	return errors.Join(
 		config.ListenAddr("INBOX_ADDR", c.Addr, false),
 		secErr,
@@ -56,6 +52,33 @@ func (c *Config) Validate() error {
 		config.IntRange("INBOX_BATCH_SIZE", c.BatchSize, BatchSizeMin, BatchSizeMax, "events per pass"),
 		c.Database.Validate(),
 	)
+}
+
+// webhookSecretShape is what AURORA_STRIPE_WEBHOOK_SECRET must hold.
+const webhookSecretShape = "one or more Stripe endpoint signing secrets whsec_…, comma-separated during a rotation"
+
+// validSecrets returns a *config.RangeError when there is no secret or one
+// is not of Stripe's endpoint signing secret shape (whsec_ followed by
+// letters and digits); the value shown names the entry, never the secret.
+func validSecrets(secrets []string) error {
+	const name = config.Prefix + "STRIPE_WEBHOOK_SECRET"
+	if len(secrets) == 0 {
+		return &config.RangeError{Var: name, Value: "", Allowed: webhookSecretShape}
+	}
+	for i, s := range secrets {
+		rest, ok := strings.CutPrefix(s, "whsec_")
+		if !ok || rest == "" || strings.IndexFunc(rest, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_')
+		}) >= 0 {
+			what := "does not start with whsec_"
+			if ok {
+				what = "has nothing or other than letters, digits and _ after whsec_"
+			}
+			return &config.RangeError{Var: name, Value: fmt.Sprintf("(entry %d of %d, redacted: %s)", i+1, len(secrets), what),
+				Allowed: webhookSecretShape}
+		}
+	}
+	return nil
 }
 
 // Secrets returns the non-empty, trimmed signing secrets.

@@ -84,3 +84,42 @@ func TestEveryReasonIsClassified(t *testing.T) {
 		}
 	}
 }
+
+// Each comma-separated AURORA_STRIPE_WEBHOOK_SECRET must be of Stripe's
+// whsec_… shape: the inbox refuses to start naming the variable and the
+// shape, never echoing the secret; an unset one is "required".
+func TestWebhookSecretShape(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		value string
+		want  string // "" = valid
+	}{
+		{"whsec_abc123", ""},
+		{"whsec_test_inbox_current", ""},
+		{"whsec_old1,whsec_new2", ""},
+		{"whsec_old1, whsec_new2 ,", ""},
+		{"", "config: AURORA_STRIPE_WEBHOOK_SECRET is required; allowed one or more Stripe endpoint signing secrets whsec_…"},
+		{"sk_test_oops", "AURORA_STRIPE_WEBHOOK_SECRET=(entry 1 of 1, redacted: does not start with whsec_) is out of range; allowed one or more Stripe endpoint signing secrets whsec_…"},
+		{"notawhsec", "(entry 1 of 1, redacted: does not start with whsec_)"},
+		{"whsec_ok1,sk_test_oops", "(entry 2 of 2, redacted: does not start with whsec_)"},
+		{"whsec_", "(entry 1 of 1, redacted: has nothing or other than letters, digits and _ after whsec_)"},
+		{"whsec_a b", "redacted: has nothing or other"},
+	}
+	for _, tc := range tests {
+		var c Config
+		err := config.LoadFrom(&c, map[string]string{"AURORA_STRIPE_WEBHOOK_SECRET": tc.value})
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%q: %v", tc.value, err)
+			}
+			continue
+		}
+		var re *config.RangeError
+		if !errors.As(err, &re) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.value, err, tc.want)
+		}
+		if err != nil && (strings.Contains(err.Error(), "oops") || strings.Contains(err.Error(), "notawhsec")) {
+			t.Errorf("%q: the secret reached the message: %v", tc.value, err)
+		}
+	}
+}

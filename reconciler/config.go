@@ -83,7 +83,11 @@ func (s StripeConfig) Validate() error {
 		ok = ok || (strings.HasPrefix(s.APIKey, p) && len(s.APIKey) > len(p))
 	}
 	if !ok {
-		key = &config.RangeError{Var: config.Prefix + "STRIPE_API_KEY", Value: "(redacted)", Allowed: "a key starting sk_test_, rk_test_, sk_live_ or rk_live_"}
+		shown := "" // unset: "is required"
+		if s.APIKey != "" {
+			shown = "(set, redacted)"
+		}
+		key = &config.RangeError{Var: config.Prefix + "STRIPE_API_KEY", Value: shown, Allowed: "a key starting sk_test_, rk_test_, sk_live_ or rk_live_"}
 	}
 	return errors.Join(key, config.URL("STRIPE_API_BASE", s.APIBase, "http", "https"))
 }
@@ -119,9 +123,18 @@ func (c *Config) Options() Options {
 // Interval returns IntervalSeconds as a duration.
 func (c *Config) Interval() time.Duration { return time.Duration(c.IntervalSeconds) * time.Second }
 
+// secretShown is how String shows a secret: "(set, redacted)" or
+// "(unset)", never its value.
+func secretShown(v string) string {
+	if strings.TrimSpace(v) == "" {
+		return "(unset)"
+	}
+	return "(set, redacted)"
+}
+
 // String describes the configuration without secrets or credentials.
 func (c *Config) String() string {
-	return fmt.Sprintf("http_addr=%s interval_seconds=%d settle_lag_seconds=%d lookback_hours=%d confirm_horizon_seconds=%d requests_per_second=%d stripe_api_key=(redacted) stripe_api_base=%s stripe_account=%s stripe_mode=%s database=%s",
-		c.HTTPAddr, c.IntervalSeconds, c.SettleLagSeconds, c.LookbackHours, c.ConfirmHorizonSeconds, c.RequestsPerSecond,
+	return fmt.Sprintf("http_addr=%s interval_seconds=%d settle_lag_seconds=%d lookback_hours=%d confirm_horizon_seconds=%d requests_per_second=%d stripe_api_key=%s stripe_api_base=%s stripe_account=%s stripe_mode=%s database=%s",
+		c.HTTPAddr, c.IntervalSeconds, c.SettleLagSeconds, c.LookbackHours, c.ConfirmHorizonSeconds, c.RequestsPerSecond, secretShown(c.Stripe.APIKey),
 		config.RedactURL(c.Stripe.APIBase), c.Export.StripeAccount, c.Export.StripeMode, config.RedactURL(c.Database.URL))
 }

@@ -67,3 +67,26 @@ func TestKindsValid(t *testing.T) {
 		t.Fatal("unknown kind valid")
 	}
 }
+
+// An unset key is "required" and shown "(unset)", never "(redacted)"; a
+// set one is never shown.
+func TestAPIKeyShownSetOrUnset(t *testing.T) {
+	var cfg Config
+	err := config.LoadFrom(&cfg, map[string]string{"AURORA_STRIPE_API_KEY": ""})
+	if err == nil || !strings.Contains(err.Error(), "config: AURORA_STRIPE_API_KEY is required; allowed a key starting sk_test_") {
+		t.Fatalf("unset key: %v", err)
+	}
+	if s := cfg.String(); !strings.Contains(s, "stripe_api_key=(unset)") {
+		t.Fatalf("unset key shown as: %s", s)
+	}
+	err = config.LoadFrom(&cfg, map[string]string{"AURORA_STRIPE_API_KEY": "pk_test_wrong"})
+	if err == nil || !strings.Contains(err.Error(), "AURORA_STRIPE_API_KEY=(set, redacted) is out of range") || strings.Contains(err.Error(), "wrong") {
+		t.Fatalf("wrong key: %v", err)
+	}
+	if err := config.LoadFrom(&cfg, map[string]string{"AURORA_STRIPE_API_KEY": "sk_test_abc"}); err != nil {
+		t.Fatal(err)
+	}
+	if s := cfg.String(); !strings.Contains(s, "stripe_api_key=(set, redacted)") || strings.Contains(s, "sk_test_abc") {
+		t.Fatalf("set key shown as: %s", s)
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/aurora-billing/aurora/demo"
 	"github.com/aurora-billing/aurora/shared/config"
 	"github.com/aurora-billing/aurora/shared/identity"
+	"github.com/aurora-billing/aurora/shared/ops"
 	"github.com/aurora-billing/aurora/shared/usage"
 	"github.com/aurora-billing/aurora/stripeemulator"
 	"github.com/spf13/cobra"
@@ -130,7 +131,7 @@ and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS
 			o.DatabaseURL, o.NATSURL, o.StripeKey, o.StripeBase = cfg.Database.URL, cfg.NATSURL, cfg.StripeKey, cfg.StripeBase
 			o.Account, o.Outbox, o.Deliverer = cfg.StripeAccount, cfg.Outbox, &cfg.Config
 			o.Period = usage.Period(cfg.UsagePeriod)
-			o.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			o.Logger = ops.NewLogger(os.Stderr, slog.LevelWarn)
 			if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
 				o.Progress = os.Stderr
 			}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/aurora-billing/aurora/migrations"
 	"github.com/aurora-billing/aurora/shared/config"
+	"github.com/aurora-billing/aurora/shared/ops"
 	"github.com/spf13/cobra"
 )
 
@@ -91,7 +92,7 @@ func isUsageError(err error) bool {
 // logger writes JSON logs (one object per line) to stderr. Logs never carry payloads,
 // customer ids, signatures or keys.
 func logger() *slog.Logger {
-	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	return ops.NewLogger(os.Stderr, slog.LevelInfo)
 }
 
 func newMigrateCmd() *cobra.Command {

@@ -28,6 +28,7 @@ import (
 	"github.com/aurora-billing/aurora/inbox"
 	"github.com/aurora-billing/aurora/shared/config"
 	"github.com/aurora-billing/aurora/shared/events"
+	"github.com/aurora-billing/aurora/shared/ops"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -55,7 +56,7 @@ func main() {
 // returns the exit code: 0 after a graceful stop, 2 for bad flags or
 // configuration, 1 for a failure.
 func run(ctx context.Context, args []string, stderr io.Writer) int {
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := ops.NewLogger(stderr, slog.LevelInfo)
 	fs := flag.NewFlagSet("ledger", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	chart := DefaultChart()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/aurora-billing/aurora/inbox"
 	"github.com/aurora-billing/aurora/shared/config"
+	"github.com/aurora-billing/aurora/shared/ops"
 	"github.com/spf13/cobra"
 )
 
@@ -39,7 +40,7 @@ AURORA_INBOX_POLL_MS (1000..60000, default 5000), AURORA_INBOX_BATCH_SIZE
 				fmt.Fprintln(cmd.OutOrStdout(), "configuration valid: "+cfg.String())
 				return nil
 			}
-			log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			log := ops.NewLogger(os.Stderr, slog.LevelInfo)
 			return inbox.Run(cmd.Context(), cfg, log)
 		},
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/aurora-billing/aurora/reconciler"
 	"github.com/aurora-billing/aurora/shared/config"
+	"github.com/aurora-billing/aurora/shared/ops"
 	"github.com/spf13/cobra"
 )
 
@@ -46,7 +47,7 @@ AURORA_STRIPE_API_BASE, AURORA_STRIPE_ACCOUNT, AURORA_DATABASE_URL.`,
 				fmt.Fprintln(cmd.OutOrStdout(), "configuration valid: "+cfg.String())
 				return nil
 			}
-			log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			log := ops.NewLogger(os.Stderr, slog.LevelInfo)
 			rep, err := reconciler.Run(cmd.Context(), cfg, once, log)
 			if once && rep.RunID != 0 {
 				enc := json.NewEncoder(cmd.OutOrStdout())

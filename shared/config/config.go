@@ -8,8 +8,10 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -27,21 +29,81 @@ const Prefix = "AURORA_"
 // ErrInvalid is wrapped by every configuration error.
 var ErrInvalid = errors.New("config: invalid")
 
-// RangeError is an out-of-range or malformed variable. It wraps ErrInvalid.
+// RangeError is an out-of-range or malformed variable, or two variables
+// whose values break a relation between them (Other set). It wraps
+// ErrInvalid.
 type RangeError struct {
 	Var     string // full variable name, e.g. "AURORA_OUTBOX_LEASE_SECONDS"
 	Value   string // the value given
 	Allowed string // the allowed range or set, e.g. "5..3600 (seconds)", or the type wanted
-	// Malformed: the value does not parse as its type at all (Allowed then
-	// names the type, e.g. "an integer").
+	// Malformed: the value does not parse as its type at all (Wanted then
+	// names the type, e.g. "an integer"; Allowed the range when known).
 	Malformed bool
+	Wanted    string
+	// A relation (Relation builds it): Var's value must be Op ("<", "<=",
+	// ">", ">=") Other's; Why says what the relation protects. Origin and
+	// OtherOrigin are "set" or "default" when Load knew the environment;
+	// Load blames the variable that was set when only one of them was.
+	Other, OtherValue, Op, Why string
+	Origin, OtherOrigin        string
 }
 
+var opWords = map[string]string{"<": "less than", "<=": "at most", ">": "more than", ">=": "at least"}
+var opInverse = map[string]string{"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+// Error reads "config: VAR=VALUE is out of range; allowed …", "config:
+// VAR=VALUE is not an integer; allowed …" for a malformed one, "config:
+// VAR is required; allowed …" when the value is empty (unset), and for a
+// relation "config: VAR=V (set) must be more than OTHER=W (its default):
+// WHY; change VAR or set OTHER".
 func (e *RangeError) Error() string {
-	if e.Malformed {
-		return fmt.Sprintf("config: %s=%s is not %s", e.Var, e.Value, e.Allowed)
+	switch {
+	case e.Other != "":
+		origin := func(o string) string {
+			switch o {
+			case "set":
+				return " (set)"
+			case "default":
+				return " (its default)"
+			}
+			return ""
+		}
+		msg := fmt.Sprintf("config: %s=%s%s must be %s %s=%s%s", e.Var, e.Value, origin(e.Origin), opWords[e.Op], e.Other, e.OtherValue, origin(e.OtherOrigin))
+		if e.Why != "" {
+			msg += ": " + e.Why
+		}
+		return msg + fmt.Sprintf("; change %s or set %s", e.Var, e.Other)
+	case e.Malformed && e.Allowed != "" && isInteger(e.Value):
+		// an integer too large for its type: out of range, not malformed
+		return fmt.Sprintf("config: %s=%s is out of range; allowed %s", e.Var, e.Value, e.Allowed)
+	case e.Malformed:
+		msg := fmt.Sprintf("config: %s=%s is not %s", e.Var, e.Value, cmp.Or(e.Wanted, e.Allowed))
+		if e.Wanted != "" && e.Allowed != "" {
+			msg += "; allowed " + e.Allowed
+		}
+		return msg
+	case e.Value == "":
+		return fmt.Sprintf("config: %s is required; allowed %s", e.Var, e.Allowed)
 	}
 	return fmt.Sprintf("config: %s=%s is out of range; allowed %s", e.Var, e.Value, e.Allowed)
+}
+
+func isInteger(v string) bool {
+	v = strings.TrimPrefix(strings.TrimPrefix(v, "-"), "+")
+	return v != "" && strings.Trim(v, "0123456789") == ""
+}
+
+// Relation returns a *RangeError when v (of the variable name) is not op
+// ("<", "<=", ">", ">=") ov (of the variable other), nil when it is; why
+// says what the relation protects. Judge a relation only between values
+// that are each in range, so one mistake makes one error.
+func Relation(name string, v int, op, other string, ov int, why string) error {
+	ok := map[string]bool{"<": v < ov, "<=": v <= ov, ">": v > ov, ">=": v >= ov}[op]
+	if ok {
+		return nil
+	}
+	return &RangeError{Var: Prefix + name, Value: fmt.Sprint(v), Op: op, Other: Prefix + other, OtherValue: fmt.Sprint(ov), Why: why,
+		Allowed: fmt.Sprintf("%s %s%s (%d)", opWords[op], Prefix, other, ov)}
 }
 
 // Unwrap returns ErrInvalid.
@@ -71,14 +133,121 @@ func LoadFrom(dst Validator, environ map[string]string) error {
 				var pe env.ParseError
 				if errors.As(e, &pe) {
 					if tag := envTag(reflect.TypeOf(dst), pe.Name); tag != "" {
-						return &RangeError{Var: Prefix + tag, Value: environValue(environ, Prefix+tag), Allowed: typeWanted(pe.Type), Malformed: true}
+						return &RangeError{Var: Prefix + tag, Value: environValue(environ, Prefix+tag), Wanted: typeWanted(pe.Type),
+							Allowed: allowedOf(dst, environ, Prefix+tag, pe.Type), Malformed: true}
 					}
 				}
 			}
 		}
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	return dst.Validate()
+	err := dst.Validate()
+	blameWhatWasSet(err, environ)
+	return err
+}
+
+// allowedOf finds the range of the integer variable key that did not
+// parse: it loads a fresh dst with key at the integer's extreme and takes
+// the Allowed of Validate's error for key ("" when none names it).
+func allowedOf(dst Validator, environ map[string]string, key string, t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+	default:
+		return ""
+	}
+	m := environMap(environ)
+	bits := t.Bits()
+	if t.Kind() == reflect.Int {
+		bits = 32 // env parses int as 32 bits
+	}
+	probe := strconv.FormatInt(math.MaxInt64>>(64-bits), 10)
+	if strings.HasPrefix(strings.TrimSpace(m[key]), "-") {
+		probe = strconv.FormatInt(math.MinInt64>>(64-bits), 10)
+	}
+	m[key] = probe
+	fresh, ok := reflect.New(reflect.TypeOf(dst).Elem()).Interface().(Validator)
+	if !ok {
+		return ""
+	}
+	if env.ParseWithOptions(fresh, env.Options{Prefix: Prefix, Environment: m}) != nil {
+		return ""
+	}
+	for _, e := range rangeErrors(fresh.Validate()) {
+		if e.Var == key && e.Other == "" {
+			return e.Allowed
+		}
+	}
+	return ""
+}
+
+// blameWhatWasSet marks each relation error's variables as set or
+// defaulted and, when only the other one was set, names that one first:
+// the message then blames what the user changed.
+func blameWhatWasSet(err error, environ map[string]string) {
+	for _, e := range rangeErrors(err) {
+		if e.Other == "" {
+			continue
+		}
+		origin := func(k string) string {
+			if v, ok := lookupEnv(environ, k); ok && strings.TrimSpace(v) != "" {
+				return "set"
+			}
+			return "default"
+		}
+		e.Origin, e.OtherOrigin = origin(e.Var), origin(e.Other)
+		if e.Origin == "default" && e.OtherOrigin == "set" {
+			e.Var, e.Other = e.Other, e.Var
+			e.Value, e.OtherValue = e.OtherValue, e.Value
+			e.Origin, e.OtherOrigin = e.OtherOrigin, e.Origin
+			e.Op = opInverse[e.Op]
+			e.Allowed = fmt.Sprintf("%s %s (%s)", opWords[e.Op], e.Other, e.OtherValue)
+		}
+	}
+}
+
+// rangeErrors lists the *RangeError in err, through joins and wraps.
+func rangeErrors(err error) []*RangeError {
+	if err == nil {
+		return nil
+	}
+	if re, ok := err.(*RangeError); ok {
+		return []*RangeError{re}
+	}
+	var out []*RangeError
+	switch u := err.(type) {
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			out = append(out, rangeErrors(e)...)
+		}
+	case interface{ Unwrap() error }:
+		out = rangeErrors(u.Unwrap())
+	}
+	return out
+}
+
+func lookupEnv(environ map[string]string, key string) (string, bool) {
+	if environ != nil {
+		v, ok := environ[key]
+		return v, ok
+	}
+	return os.LookupEnv(key)
+}
+
+// environMap copies environ, or the process's AURORA_* variables when nil.
+func environMap(environ map[string]string) map[string]string {
+	m := map[string]string{}
+	if environ != nil {
+		for k, v := range environ {
+			m[k] = v
+		}
+		return m
+	}
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, Prefix) {
+			m[k] = v
+		}
+	}
+	return m
 }
 
 // typeWanted names what a variable of type t must look like.
@@ -239,12 +408,17 @@ type Outbox struct {
 // Validate checks every knob's range. A horizon ≥ 86400 s is refused: it
 // would outlive Stripe's idempotency window and turn retries into new work.
 func (o Outbox) Validate() error {
+	base := IntRange("OUTBOX_BACKOFF_BASE_SECONDS", o.BackoffBaseSeconds, 1, 3600, "seconds")
+	capErr := IntRange("OUTBOX_BACKOFF_CAP_SECONDS", o.BackoffCapSeconds, 1, 86400, "seconds")
+	if base == nil && capErr == nil {
+		capErr = Relation("OUTBOX_BACKOFF_CAP_SECONDS", o.BackoffCapSeconds, ">=", "OUTBOX_BACKOFF_BASE_SECONDS", o.BackoffBaseSeconds,
+			"the largest retry delay cannot be below the first")
+	}
 	return errors.Join(
 		IntRange("OUTBOX_LEASE_SECONDS", o.LeaseSeconds, 5, 3600, "seconds"),
 		IntRange("OUTBOX_MAX_ATTEMPTS", o.MaxAttempts, 1, 1000, ""),
 		IntRange("OUTBOX_BATCH_SIZE", o.BatchSize, 1, 1000, "rows"),
-		IntRange("OUTBOX_BACKOFF_BASE_SECONDS", o.BackoffBaseSeconds, 1, 3600, "seconds"),
-		IntRange("OUTBOX_BACKOFF_CAP_SECONDS", o.BackoffCapSeconds, o.BackoffBaseSeconds, 86400, "seconds, at least AURORA_OUTBOX_BACKOFF_BASE_SECONDS"),
+		base, capErr,
 		IntRange("UNCERTAINTY_HORIZON_SECONDS", o.UncertaintyHorizonSeconds, 60, 86399, "seconds, below Stripe's 24 h idempotency window"),
 	)
 }

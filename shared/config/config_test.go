@@ -38,7 +38,8 @@ func TestOutOfRangeNamesVariableAndRange(t *testing.T) {
 		{"AURORA_OUTBOX_LEASE_SECONDS", "0", "AURORA_OUTBOX_LEASE_SECONDS", "5..3600"},
 		{"AURORA_OUTBOX_MAX_ATTEMPTS", "0", "AURORA_OUTBOX_MAX_ATTEMPTS", "1..1000"},
 		{"AURORA_OUTBOX_BATCH_SIZE", "5000", "AURORA_OUTBOX_BATCH_SIZE", "1..1000"},
-		{"AURORA_OUTBOX_BACKOFF_CAP_SECONDS", "1", "AURORA_OUTBOX_BACKOFF_CAP_SECONDS", "5..86400"},
+		{"AURORA_OUTBOX_BACKOFF_CAP_SECONDS", "1", "AURORA_OUTBOX_BACKOFF_CAP_SECONDS", "at least AURORA_OUTBOX_BACKOFF_BASE_SECONDS (5)"},
+		{"AURORA_OUTBOX_BACKOFF_CAP_SECONDS", "0", "AURORA_OUTBOX_BACKOFF_CAP_SECONDS", "1..86400"},
 		{"AURORA_STRIPE_MODE", "prod", "AURORA_STRIPE_MODE", "test|live"},
 		{"AURORA_DATABASE_URL", "not a url", "AURORA_DATABASE_URL", "postgres"},
 	}
@@ -65,7 +66,7 @@ func TestMalformedNumberIsInvalid(t *testing.T) {
 	t.Parallel()
 	var c all
 	err := LoadFrom(&c, map[string]string{"AURORA_OUTBOX_LEASE_SECONDS": "two minutes"})
-	if !errors.Is(err, ErrInvalid) || err.Error() != "config: AURORA_OUTBOX_LEASE_SECONDS=two minutes is not an integer" {
+	if !errors.Is(err, ErrInvalid) || err.Error() != "config: AURORA_OUTBOX_LEASE_SECONDS=two minutes is not an integer; allowed 5..3600 (seconds)" {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -116,6 +117,48 @@ func TestListenAddr(t *testing.T) {
 		var re *RangeError
 		if err != nil && (!errors.As(err, &re) || re.Var != "AURORA_RELAY_HTTP_ADDR" || !errors.Is(err, ErrInvalid)) {
 			t.Errorf("ListenAddr(%q): %v is not a *RangeError naming AURORA_RELAY_HTTP_ADDR", tt.v, err)
+		}
+	}
+}
+
+// An empty (unset) value is reported as required, not as out of range.
+func TestEmptyValueIsRequired(t *testing.T) {
+	t.Parallel()
+	err := error(&RangeError{Var: "AURORA_STRIPE_API_KEY", Value: "", Allowed: "a Stripe secret key sk_…"})
+	if got := err.Error(); got != "config: AURORA_STRIPE_API_KEY is required; allowed a Stripe secret key sk_…" {
+		t.Fatalf("got %q", got)
+	}
+	if err := ListenAddr("INBOX_ADDR", "", false); err == nil || !strings.Contains(err.Error(), "AURORA_INBOX_ADDR is required") {
+		t.Fatalf("empty listen address: %v", err)
+	}
+}
+
+// The messages a person reads name the variable they set, its range and
+// the relation it breaks, and only the mistake made.
+func TestMessagesNameWhatWasSet(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		env  map[string]string
+		want string // the whole message
+	}{
+		{map[string]string{"AURORA_OUTBOX_LEASE_SECONDS": "99999999999999999999"},
+			"config: AURORA_OUTBOX_LEASE_SECONDS=99999999999999999999 is out of range; allowed 5..3600 (seconds)"},
+		{map[string]string{"AURORA_OUTBOX_LEASE_SECONDS": "-99999999999999999999"},
+			"config: AURORA_OUTBOX_LEASE_SECONDS=-99999999999999999999 is out of range; allowed 5..3600 (seconds)"},
+		{map[string]string{"AURORA_DATABASE_STATEMENT_TIMEOUT_MS": "-5"},
+			"config: AURORA_DATABASE_STATEMENT_TIMEOUT_MS=-5 is out of range; allowed 0 (off) or 100..3600000 (milliseconds)"},
+		{map[string]string{"AURORA_DATABASE_STATEMENT_TIMEOUT_MS": "5000"},
+			"config: AURORA_DATABASE_STATEMENT_TIMEOUT_MS=5000 (set) must be at least AURORA_DATABASE_LOCK_TIMEOUT_MS=10000 (its default): a statement cannot wait for a lock longer than it may run; change AURORA_DATABASE_STATEMENT_TIMEOUT_MS or set AURORA_DATABASE_LOCK_TIMEOUT_MS"},
+		{map[string]string{"AURORA_DATABASE_LOCK_TIMEOUT_MS": "40000"},
+			"config: AURORA_DATABASE_LOCK_TIMEOUT_MS=40000 (set) must be at most AURORA_DATABASE_STATEMENT_TIMEOUT_MS=30000 (its default): a statement cannot wait for a lock longer than it may run; change AURORA_DATABASE_LOCK_TIMEOUT_MS or set AURORA_DATABASE_STATEMENT_TIMEOUT_MS"},
+		{map[string]string{"AURORA_OUTBOX_BACKOFF_BASE_SECONDS": "1000"},
+			"config: AURORA_OUTBOX_BACKOFF_BASE_SECONDS=1000 (set) must be at most AURORA_OUTBOX_BACKOFF_CAP_SECONDS=900 (its default): the largest retry delay cannot be below the first; change AURORA_OUTBOX_BACKOFF_BASE_SECONDS or set AURORA_OUTBOX_BACKOFF_CAP_SECONDS"},
+	}
+	for _, tc := range tests {
+		var c all
+		err := LoadFrom(&c, tc.env)
+		if err == nil || err.Error() != tc.want || !errors.Is(err, ErrInvalid) {
+			t.Errorf("%v:\n got %v\nwant %s", tc.env, err, tc.want)
 		}
 	}
 }

@@ -60,14 +60,16 @@ func sessionBound(name string, v int) error {
 // Validate names every bound out of its range; each error is a
 // *RangeError.
 func (s DatabaseSession) Validate() error {
+	stmt := sessionBound("DATABASE_STATEMENT_TIMEOUT_MS", s.StatementTimeoutMS)
+	lock := sessionBound("DATABASE_LOCK_TIMEOUT_MS", s.LockTimeoutMS)
+	// The order is judged only between bounds each in range: one mistake,
+	// one error.
 	var order error
-	if s.LockTimeoutMS != 0 && s.StatementTimeoutMS != 0 && s.LockTimeoutMS > s.StatementTimeoutMS {
-		order = &RangeError{Var: Prefix + "DATABASE_LOCK_TIMEOUT_MS", Value: fmt.Sprint(s.LockTimeoutMS),
-			Allowed: fmt.Sprintf("at most AURORA_DATABASE_STATEMENT_TIMEOUT_MS (%d)", s.StatementTimeoutMS)}
+	if stmt == nil && lock == nil && s.LockTimeoutMS != 0 && s.StatementTimeoutMS != 0 {
+		order = Relation("DATABASE_LOCK_TIMEOUT_MS", s.LockTimeoutMS, "<=", "DATABASE_STATEMENT_TIMEOUT_MS", s.StatementTimeoutMS,
+			"a statement cannot wait for a lock longer than it may run")
 	}
-	return errors.Join(
-		sessionBound("DATABASE_STATEMENT_TIMEOUT_MS", s.StatementTimeoutMS),
-		sessionBound("DATABASE_LOCK_TIMEOUT_MS", s.LockTimeoutMS),
+	return errors.Join(stmt, lock,
 		sessionBound("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS", s.IdleInTransactionTimeoutMS),
 		order,
 	)

@@ -34,7 +34,7 @@ func TestSessionBoundsDefaultsAndRanges(t *testing.T) {
 		{map[string]string{"AURORA_DATABASE_LOCK_TIMEOUT_MS": "-1"}, "AURORA_DATABASE_LOCK_TIMEOUT_MS", "0 (off) or 100..3600000"},
 		{map[string]string{"AURORA_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS": "50"}, "AURORA_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS", "0 (off) or 100..3600000"},
 		{map[string]string{"AURORA_DATABASE_STATEMENT_TIMEOUT_MS": "1000", "AURORA_DATABASE_LOCK_TIMEOUT_MS": "2000"}, "AURORA_DATABASE_LOCK_TIMEOUT_MS", "at most AURORA_DATABASE_STATEMENT_TIMEOUT_MS (1000)"},
-		{map[string]string{"AURORA_DATABASE_LOCK_TIMEOUT_MS": "soon"}, "AURORA_DATABASE_LOCK_TIMEOUT_MS", "an integer"},
+		{map[string]string{"AURORA_DATABASE_LOCK_TIMEOUT_MS": "soon"}, "AURORA_DATABASE_LOCK_TIMEOUT_MS", "0 (off) or 100..3600000"},
 	}
 	for _, tc := range tests {
 		var d Database

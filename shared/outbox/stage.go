@@ -21,6 +21,44 @@ func WithQuarantine(reason Reason) StageOption {
 	return func(o *stageOptions) { o.quarantine = &reason }
 }
 
+// Prepared is an item checked and completed by the rules of staging, ready
+// to be written: Item with PeriodStart and Payload filled in (the defaults
+// below), and the state and quarantine reason of the new row.
+type Prepared struct {
+	Item
+	State  State   // StatePending, or StateQuarantined (WithQuarantine)
+	Reason *string // the quarantine reason; nil when pending
+}
+
+// Prepare applies the rules of staging to it and opts, the one place they
+// are written (Stage, and every set insert of items such as
+// usage.Gate.RecordBatch, write only what Prepare returns): it validates it
+// (Item.Validate: *FieldError, ErrInvalidItem) and the quarantine reason
+// (*FieldError quarantine_reason), defaults PeriodStart to OccurredAt's UTC
+// day and Payload to {}, and sets the state (pending, or quarantined with
+// WithQuarantine's reason).
+func Prepare(it Item, opts ...StageOption) (Prepared, error) {
+	if err := it.Validate(); err != nil {
+		return Prepared{}, err
+	}
+	var o stageOptions
+	for _, fn := range opts {
+		fn(&o)
+	}
+	p := Prepared{Item: it, State: StatePending}
+	if o.quarantine != nil {
+		if !o.quarantine.Valid() {
+			return Prepared{}, &FieldError{Field: "quarantine_reason", Reason: fmt.Sprintf("unknown reason %q", string(*o.quarantine))}
+		}
+		r := string(*o.quarantine)
+		p.State, p.Reason = StateQuarantined, &r
+	}
+	p.Payload = it.payloadOrEmpty()
+	p.PeriodStart = it.periodStart()
+	p.OccurredAt = it.OccurredAt.UTC()
+	return p, nil
+}
+
 // Stage writes the export intent in the caller's transaction tx and
 // returns the stored row, so the intent commits or rolls back with the fact
 // it exports (seed 000, "Why a row first").
@@ -31,27 +69,14 @@ func WithQuarantine(reason Reason) StageOption {
 // different payload (feature, quantity, occurred_at, period_start or payload
 // object) returns *PayloadConflictError (ErrPayloadConflict) and writes
 // nothing. Invalid input returns *FieldError (ErrInvalidItem) naming the
-// field.
+// field (see Prepare).
 func Stage(ctx context.Context, tx pgx.Tx, it Item, opts ...StageOption) (Row, error) {
-	if err := it.Validate(); err != nil {
+	p, err := Prepare(it, opts...)
+	if err != nil {
 		return Row{}, err
 	}
-	var o stageOptions
-	for _, fn := range opts {
-		fn(&o)
-	}
-	if o.quarantine != nil && !o.quarantine.Valid() {
-		return Row{}, &FieldError{Field: "quarantine_reason", Reason: fmt.Sprintf("unknown reason %q", string(*o.quarantine))}
-	}
-	state := StatePending
-	var reason *string
-	if o.quarantine != nil {
-		state = StateQuarantined
-		r := string(*o.quarantine)
-		reason = &r
-	}
-	payload := it.payloadOrEmpty()
-	periodStart := it.periodStart()
+	it = p.Item
+	payload, periodStart, state, reason := []byte(it.Payload), it.PeriodStart, p.State, p.Reason
 	row, err := ScanRow(tx.QueryRow(ctx, `
 		INSERT INTO outbox_items (tenant, subject_kind, subject_ref, exporter, destination_account, mode,
 			mapping_version, idempotency_key, feature, quantity, occurred_at, period_start, payload, state, quarantine_reason)

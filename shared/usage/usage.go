@@ -3,6 +3,41 @@
 // buffered counters per (tenant, feature, period) (the buffered era, whose
 // windows the buffered reporter stages). Seed 000, "Identity…" and
 // "Durable events and corrections".
+//
+// # The staging path
+//
+// Gate.Record, Gate.RecordBatch and Recorder.Record are one path (path.stage
+// in batch.go): Record is a batch of one event, and every rule below is
+// written once, so a rule cannot reach one entry point and miss another.
+// For a batch, in this order:
+//
+//  1. Validate: every event passes Event.Validate (*FieldError,
+//     ErrInvalidEvent), before anything is read or written.
+//  2. Look up, in one round trip (Gate only for the first two): the shared
+//     cutover lock of every feature of the batch, in a stable order
+//     (LockCutoverShared); the watermarks governing its (tenant, feature)
+//     pairs, read under those locks; the mapping version of each feature on
+//     the destination account (0 when unmapped).
+//  3. Decide each event's item: period (Recorder.Period), mapping version,
+//     era (EraOf; Gate only: buffered → outbox.WithQuarantine
+//     period_buffered; Recorder.Record: the caller's options), then
+//     outbox.Prepare, the rules of outbox.Stage (*outbox.FieldError).
+//  4. Write the plain events (not corrections) in one statement: each new
+//     event with its item, linked; an event already recorded is a repeat
+//     (same content: its item, not created) or ErrEventConflict; an event
+//     whose item identity already exists goes through outbox.Stage (which
+//     collapses onto it or returns outbox.ErrPayloadConflict) and is linked
+//     to it.
+//  5. Then each correction in order: CheckCorrection (Gate only), and the
+//     write of step 4 for it alone. Corrections come after the plain events
+//     so a correction may name an event of the same batch.
+//
+// The first refused event ends the call (RecordBatch: *EventError naming
+// its index and id, wrapping the refusal; Record: the refusal itself) and
+// tx holds a partial write: the caller rolls back. To record the rest the
+// caller records them again without it (the demo and `aurora usage import`
+// replay a refused batch one event per transaction, and report each
+// refused event with its line).
 package usage
 
 import (
@@ -150,69 +185,37 @@ func (r Recorder) period() Period {
 func SubjectRef(e Event) string { return string(e.Kind()) + ":" + e.EventID }
 
 // Record stores ev durably in tx, idempotently by (tenant, event_id), and
-// stages its export item in the same transaction. Recording the same event
-// again returns the item staged the first time and created=false; the same
-// event id with different content returns ErrEventConflict and writes
-// nothing. The item's mapping_version is the feature's current mapping
-// version on the destination account (0 when the feature is not mapped yet;
-// the deliverer then quarantines it feature_unmapped).
+// stages its export item in the same transaction, on the staging path
+// without the cutover and correction steps (package documentation: steps
+// 1, 3 and 4; use Gate to apply them). Recording the same event again
+// returns the item staged the first time and created=false; the same event
+// id with different content returns ErrEventConflict and writes nothing.
+// The item's mapping_version is the feature's current mapping version on
+// the destination account (0 when the feature is not mapped yet; the
+// deliverer then quarantines it feature_unmapped).
 //
-// opts are passed to outbox.Stage (e.g. outbox.WithQuarantine for an event in
-// a buffered period).
+// opts apply to the item as in outbox.Stage (e.g. outbox.WithQuarantine for
+// an event in a buffered period).
 func (r Recorder) Record(ctx context.Context, tx pgx.Tx, ev Event, opts ...outbox.StageOption) (row outbox.Row, created bool, err error) {
-	if err := ev.Validate(); err != nil {
+	return recordOne(ctx, tx, path{r: r, opts: opts}, ev)
+}
+
+// recordOne runs ev alone through p and returns its item as stored and
+// the refusal unwrapped (not an *EventError).
+func recordOne(ctx context.Context, tx pgx.Tx, p path, ev Event) (outbox.Row, bool, error) {
+	res, err := p.stage(ctx, tx, []Event{ev})
+	if err != nil {
+		var ee *EventError
+		if errors.As(err, &ee) {
+			return outbox.Row{}, false, ee.Err
+		}
 		return outbox.Row{}, false, err
 	}
-	var corrects *string
-	if ev.CorrectsEventID != "" {
-		corrects = &ev.CorrectsEventID
-	}
-	tag, err := tx.Exec(ctx, `
-		INSERT INTO usage_events (tenant, event_id, kind, feature, quantity, occurred_at, corrects_event_id)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)
-		ON CONFLICT (tenant, event_id) DO NOTHING`,
-		ev.Tenant, ev.EventID, string(ev.Kind()), ev.Feature, ev.Quantity, ev.OccurredAt.UTC(), corrects)
+	row, err := outbox.Get(ctx, tx, res[0].item)
 	if err != nil {
 		return outbox.Row{}, false, fmt.Errorf("usage: record: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
-		var same bool
-		var itemID *int64
-		err := tx.QueryRow(ctx, `
-			SELECT kind = $3 AND feature = $4 AND quantity = $5 AND occurred_at = $6 AND corrects_event_id IS NOT DISTINCT FROM $7, item_id
-			FROM usage_events WHERE tenant = $1 AND event_id = $2`,
-			ev.Tenant, ev.EventID, string(ev.Kind()), ev.Feature, ev.Quantity, ev.OccurredAt.UTC(), corrects).Scan(&same, &itemID)
-		if err != nil {
-			return outbox.Row{}, false, fmt.Errorf("usage: record: read existing: %w", err)
-		}
-		if !same {
-			return outbox.Row{}, false, fmt.Errorf("%w: tenant event %q was recorded with different content", ErrEventConflict, ev.EventID)
-		}
-		if itemID != nil {
-			row, err := outbox.Get(ctx, tx, *itemID)
-			return row, false, err
-		}
-	}
-	var version int32
-	err = tx.QueryRow(ctx, `SELECT coalesce((SELECT mapping_version FROM meter_mappings WHERE destination_account = $1 AND feature = $2), 0)`,
-		r.DestinationAccount, ev.Feature).Scan(&version)
-	if err != nil {
-		return outbox.Row{}, false, fmt.Errorf("usage: record: mapping version: %w", err)
-	}
-	row, err = outbox.Stage(ctx, tx, outbox.Item{
-		Identity: identity.Identity{
-			Tenant: ev.Tenant, SubjectKind: ev.Kind(), SubjectRef: SubjectRef(ev), Exporter: r.exporter(),
-			DestinationAccount: r.DestinationAccount, Mode: r.Mode, MappingVersion: version,
-		},
-		Feature: ev.Feature, Quantity: ev.Quantity, OccurredAt: ev.OccurredAt, PeriodStart: r.period().Start(ev.OccurredAt),
-	}, opts...)
-	if err != nil {
-		return outbox.Row{}, false, err
-	}
-	if err := linkItem(ctx, tx, ev, row.ID); err != nil {
-		return outbox.Row{}, false, fmt.Errorf("usage: record: %w", err)
-	}
-	return row, true, nil
+	return row, res[0].created, nil
 }
 
 // linkItem records in tx that the usage event ev is billed by item itemID.

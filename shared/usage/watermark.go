@@ -149,28 +149,15 @@ type Gate struct {
 	Sources  Sources // AURORA_FEATURE_SOURCES; nil = every feature counts
 }
 
-// Record validates ev (a *FieldError, ErrInvalidEvent), checks a correction
-// against the record it corrects (see CheckCorrection: ErrCorrectedUnknown,
-// ErrCorrectionExceeds, *AlreadyCancelledError), takes the shared cutover
-// lock of ev.Feature, and records ev with Recorder.Record, quarantined
-// period_buffered when EraOf says the period is buffered. created and the
-// errors of Recorder.Record are as documented there (ErrEventConflict).
+// Record records ev on the staging path (package documentation, steps 1
+// to 5): it validates ev (*FieldError, ErrInvalidEvent), takes the shared
+// cutover lock of ev.Feature and reads its watermark, stages the item
+// quarantined period_buffered when EraOf says the period is buffered,
+// checks a correction against the record it corrects (CheckCorrection:
+// ErrCorrectedUnknown, ErrCorrectionExceeds, *AlreadyCancelledError), and
+// stores ev and its item as Recorder.Record documents (created,
+// ErrEventConflict, outbox.ErrPayloadConflict). It is RecordBatch of one
+// event, with the refusal returned unwrapped.
 func (g Gate) Record(ctx context.Context, tx pgx.Tx, ev Event) (row outbox.Row, created bool, err error) {
-	if err := ev.Validate(); err != nil {
-		return outbox.Row{}, false, err
-	}
-	w, scheduled, err := LockedWatermarkFor(ctx, tx, ev.Tenant, ev.Feature)
-	if err != nil {
-		return outbox.Row{}, false, err
-	}
-	if ev.CorrectsEventID != "" {
-		if err := CheckCorrection(ctx, tx, g.Recorder.period(), ev); err != nil {
-			return outbox.Row{}, false, err
-		}
-	}
-	var opts []outbox.StageOption
-	if EraOf(g.Recorder.period().Start(ev.OccurredAt), w, scheduled, g.Sources.Of(ev.Feature)) == EraBuffered {
-		opts = append(opts, outbox.WithQuarantine(outbox.ReasonPeriodBuffered))
-	}
-	return g.Recorder.Record(ctx, tx, ev, opts...)
+	return recordOne(ctx, tx, g.path(), ev)
 }
