@@ -95,13 +95,19 @@ func (s StripeConfig) Validate() error {
 // Validate names every bad variable and its allowed range; each error is a
 // *config.RangeError wrapping config.ErrInvalid.
 func (c *Config) Validate() error {
+	lag := config.IntRange("RECONCILER_SETTLE_LAG_SECONDS", c.SettleLagSeconds, 0, 172800, "seconds")
+	horizon := config.IntRange("RECONCILER_CONFIRM_HORIZON_SECONDS", c.ConfirmHorizonSeconds, 3600, 3024000, "seconds")
+	if lag == nil && horizon == nil {
+		horizon = config.RelationBound("RECONCILER_CONFIRM_HORIZON_SECONDS", c.ConfirmHorizonSeconds, ">=", c.SettleLagSeconds+3600,
+			config.Prefix+"RECONCILER_SETTLE_LAG_SECONDS + 3600", "RECONCILER_SETTLE_LAG_SECONDS", c.SettleLagSeconds,
+			"an acceptance is confirmed only after its window settled")
+	}
 	return errors.Join(
 		config.ListenAddr("RECONCILER_HTTP_ADDR", c.HTTPAddr, true),
 		config.IntRange("RECONCILER_INTERVAL_SECONDS", c.IntervalSeconds, 60, 86400, "seconds"),
-		config.IntRange("RECONCILER_SETTLE_LAG_SECONDS", c.SettleLagSeconds, 0, 172800, "seconds"),
+		lag,
 		config.IntRange("RECONCILER_LOOKBACK_HOURS", c.LookbackHours, 1, 840, "hours"),
-		config.IntRange("RECONCILER_CONFIRM_HORIZON_SECONDS", c.ConfirmHorizonSeconds, c.SettleLagSeconds+3600, 3024000,
-			"seconds, at least AURORA_RECONCILER_SETTLE_LAG_SECONDS + 3600"),
+		horizon,
 		config.IntRange("RECONCILER_REQUESTS_PER_SECOND", c.RequestsPerSecond, 1, 100, "calls per second"),
 		c.Stripe.Validate(),
 		c.Export.Validate(),

@@ -46,6 +46,12 @@ type RangeError struct {
 	// Load blames the variable that was set when only one of them was.
 	Other, OtherValue, Op, Why string
 	Origin, OtherOrigin        string
+	// A relation against a bound derived from Other's value
+	// (RelationBound): Expr shows how (e.g. "AURORA_X + 3600"), Bound its
+	// value. Swapped: Load named the other variable first (Var, the one
+	// set, leaves Other out of its range).
+	Expr, Bound string
+	Swapped     bool
 }
 
 var opWords = map[string]string{"<": "less than", "<=": "at most", ">": "more than", ">=": "at least"}
@@ -68,9 +74,22 @@ func (e *RangeError) Error() string {
 			}
 			return ""
 		}
-		msg := fmt.Sprintf("config: %s=%s%s must be %s %s=%s%s", e.Var, e.Value, origin(e.Origin), opWords[e.Op], e.Other, e.OtherValue, origin(e.OtherOrigin))
+		var msg string
+		switch {
+		case e.Expr != "" && e.Swapped:
+			msg = fmt.Sprintf("config: %s=%s%s leaves %s=%s%s out of range: it must be %s %s = %s", e.Var, e.Value, origin(e.Origin),
+				e.Other, e.OtherValue, origin(e.OtherOrigin), opWords[e.Op], e.Expr, e.Bound)
+		case e.Expr != "":
+			msg = fmt.Sprintf("config: %s=%s%s must be %s %s = %s (%s=%s%s)", e.Var, e.Value, origin(e.Origin), opWords[e.Op], e.Expr, e.Bound,
+				e.Other, e.OtherValue, origin(e.OtherOrigin))
+		default:
+			msg = fmt.Sprintf("config: %s=%s%s must be %s %s=%s%s", e.Var, e.Value, origin(e.Origin), opWords[e.Op], e.Other, e.OtherValue, origin(e.OtherOrigin))
+		}
 		if e.Why != "" {
 			msg += ": " + e.Why
+		}
+		if e.OtherOrigin == "set" {
+			return msg + fmt.Sprintf("; change %s or %s", e.Var, e.Other)
 		}
 		return msg + fmt.Sprintf("; change %s or set %s", e.Var, e.Other)
 	case e.Malformed && e.Allowed != "" && isInteger(e.Value):
@@ -86,6 +105,19 @@ func (e *RangeError) Error() string {
 		return fmt.Sprintf("config: %s is required; allowed %s", e.Var, e.Allowed)
 	}
 	return fmt.Sprintf("config: %s=%s is out of range; allowed %s", e.Var, e.Value, e.Allowed)
+}
+
+// RelationBound is Relation against a bound derived from the variable
+// other's value ov: v (of name) must be op bound, where expr shows how
+// bound follows from other (e.g. "AURORA_RECONCILER_SETTLE_LAG_SECONDS +
+// 3600"). Load names whichever of the two was set.
+func RelationBound(name string, v int, op string, bound int, expr, other string, ov int, why string) error {
+	ok := map[string]bool{"<": v < bound, "<=": v <= bound, ">": v > bound, ">=": v >= bound}[op]
+	if ok {
+		return nil
+	}
+	return &RangeError{Var: Prefix + name, Value: fmt.Sprint(v), Op: op, Other: Prefix + other, OtherValue: fmt.Sprint(ov), Why: why,
+		Expr: expr, Bound: fmt.Sprint(bound), Allowed: fmt.Sprintf("%s %s = %d", opWords[op], expr, bound)}
 }
 
 func isInteger(v string) bool {
@@ -195,6 +227,13 @@ func blameWhatWasSet(err error, environ map[string]string) {
 			return "default"
 		}
 		e.Origin, e.OtherOrigin = origin(e.Var), origin(e.Other)
+		if e.Origin == "default" && e.OtherOrigin == "set" && e.Expr != "" {
+			e.Var, e.Other = e.Other, e.Var
+			e.Value, e.OtherValue = e.OtherValue, e.Value
+			e.Origin, e.OtherOrigin = e.OtherOrigin, e.Origin
+			e.Swapped = true
+			continue
+		}
 		if e.Origin == "default" && e.OtherOrigin == "set" {
 			e.Var, e.Other = e.Other, e.Var
 			e.Value, e.OtherValue = e.OtherValue, e.Value

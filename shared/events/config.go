@@ -173,32 +173,67 @@ func (c Config) Validate() error {
 // Validate returns every out-of-range consumer knob as a
 // *config.RangeError (config.ErrInvalid), joined.
 func (c ConsumerConfig) Validate() error {
+	// Relations are judged only between values each in range (one mistake,
+	// one error), and config.Load names the variable that was set.
+	attempts := config.IntRange("EVENTS_CONSUMER_MAX_ATTEMPTS", c.ConsumerMaxAttempts, 1, 100, "attempts")
+	base := config.IntRange("EVENTS_CONSUMER_BACKOFF_BASE_MS", c.ConsumerBackoffBaseMS, 10, 600000, "milliseconds")
+	capErr := config.IntRange("EVENTS_CONSUMER_BACKOFF_CAP_MS", c.ConsumerBackoffCapMS, 10, 86400000, "milliseconds")
+	if base == nil && capErr == nil {
+		capErr = config.Relation("EVENTS_CONSUMER_BACKOFF_CAP_MS", c.ConsumerBackoffCapMS, ">=", "EVENTS_CONSUMER_BACKOFF_BASE_MS", c.ConsumerBackoffBaseMS,
+			"the largest retry delay cannot be below the first")
+	}
+	deliver := config.IntRange("EVENTS_CONSUMER_MAX_DELIVER", c.ConsumerMaxDeliver, 2, 1000, "deliveries")
+	if attempts == nil && deliver == nil {
+		deliver = config.Relation("EVENTS_CONSUMER_MAX_DELIVER", c.ConsumerMaxDeliver, ">", "EVENTS_CONSUMER_MAX_ATTEMPTS", c.ConsumerMaxAttempts,
+			"JetStream must redeliver the last attempt's failure")
+	}
 	return errors.Join(
 		config.IntRange("EVENTS_CONSUMER_INTERVAL_MS", c.ConsumerIntervalMS, 100, 600000, "milliseconds"),
 		config.IntRange("EVENTS_CATCH_UP_LIMIT", c.CatchUpLimit, 1, 10000, "events"),
-		config.IntRange("EVENTS_CONSUMER_MAX_ATTEMPTS", c.ConsumerMaxAttempts, 1, 100, "attempts"),
-		config.IntRange("EVENTS_CONSUMER_BACKOFF_BASE_MS", c.ConsumerBackoffBaseMS, 10, 600000, "milliseconds"),
-		config.IntRange("EVENTS_CONSUMER_BACKOFF_CAP_MS", c.ConsumerBackoffCapMS, max(10, c.ConsumerBackoffBaseMS), 86400000, "milliseconds, at least AURORA_EVENTS_CONSUMER_BACKOFF_BASE_MS"),
+		attempts, base, capErr,
 		config.IntRange("EVENTS_CONSUMER_ACK_WAIT_SECONDS", c.ConsumerAckWaitSeconds, 1, 3600, "seconds"),
-		config.IntRange("EVENTS_CONSUMER_MAX_DELIVER", c.ConsumerMaxDeliver, max(2, c.ConsumerMaxAttempts+1), 1000, "deliveries, more than AURORA_EVENTS_CONSUMER_MAX_ATTEMPTS"),
+		deliver,
 	)
 }
 
 // Validate returns every out-of-range dispatcher, stream or retention knob
 // as a *config.RangeError (config.ErrInvalid), joined.
 func (c DispatcherConfig) Validate() error {
+	// Relations are judged only between values each in range (one mistake,
+	// one error), and config.Load names the variable that was set.
+	publish := config.IntRange("EVENTS_PUBLISH_TIMEOUT_MS", c.PublishTimeoutMS, 100, 60000, "milliseconds")
+	lease := config.IntRange("EVENTS_DISPATCH_LEASE_SECONDS", c.DispatchLeaseSeconds, 5, 3600, "seconds")
+	if publish == nil && lease == nil {
+		lease = config.RelationBound("EVENTS_DISPATCH_LEASE_SECONDS", c.DispatchLeaseSeconds, ">=", c.PublishTimeoutMS/1000+1,
+			config.Prefix+"EVENTS_PUBLISH_TIMEOUT_MS / 1000 + 1", "EVENTS_PUBLISH_TIMEOUT_MS", c.PublishTimeoutMS,
+			"a publish must end within the dispatcher's lease")
+	}
+	base := config.IntRange("EVENTS_DISPATCH_BACKOFF_BASE_MS", c.DispatchBackoffBaseMS, 10, 600000, "milliseconds")
+	capErr := config.IntRange("EVENTS_DISPATCH_BACKOFF_CAP_MS", c.DispatchBackoffCapMS, 10, 86400000, "milliseconds")
+	if base == nil && capErr == nil {
+		capErr = config.Relation("EVENTS_DISPATCH_BACKOFF_CAP_MS", c.DispatchBackoffCapMS, ">=", "EVENTS_DISPATCH_BACKOFF_BASE_MS", c.DispatchBackoffBaseMS,
+			"the largest retry delay cannot be below the first")
+	}
+	maxAge := config.IntRange("EVENTS_STREAM_MAX_AGE_HOURS", c.StreamMaxAgeHours, 1, 8760, "hours")
+	window := config.IntRange("EVENTS_DUPLICATE_WINDOW_SECONDS", c.DuplicateWindowSeconds, 10, 86400, "seconds")
+	retention := config.IntRange("EVENTS_RETENTION_HOURS", c.RetentionHours, 2, 87600, "hours")
+	if maxAge == nil && window == nil {
+		window = config.RelationBound("EVENTS_DUPLICATE_WINDOW_SECONDS", c.DuplicateWindowSeconds, "<=", c.StreamMaxAgeHours*3600,
+			config.Prefix+"EVENTS_STREAM_MAX_AGE_HOURS × 3600", "EVENTS_STREAM_MAX_AGE_HOURS", c.StreamMaxAgeHours,
+			"JetStream refuses a duplicate window longer than the stream keeps messages")
+	}
+	if maxAge == nil && retention == nil {
+		retention = config.Relation("EVENTS_RETENTION_HOURS", c.RetentionHours, ">", "EVENTS_STREAM_MAX_AGE_HOURS", c.StreamMaxAgeHours,
+			"an event row must outlive its message in the stream")
+	}
 	return errors.Join(
 		config.IntRange("EVENTS_DISPATCH_BATCH_SIZE", c.DispatchBatchSize, 1, 1000, "events"),
 		config.IntRange("EVENTS_DISPATCH_POLL_MS", c.DispatchPollMS, 10, 60000, "milliseconds"),
-		config.IntRange("EVENTS_DISPATCH_LEASE_SECONDS", c.DispatchLeaseSeconds, max(5, c.PublishTimeoutMS/1000+1), 3600, "seconds, more than AURORA_EVENTS_PUBLISH_TIMEOUT_MS"),
+		lease,
 		config.IntRange("EVENTS_DISPATCH_MAX_ATTEMPTS", c.DispatchMaxAttempts, 1, 1000, "attempts"),
-		config.IntRange("EVENTS_DISPATCH_BACKOFF_BASE_MS", c.DispatchBackoffBaseMS, 10, 600000, "milliseconds"),
-		config.IntRange("EVENTS_DISPATCH_BACKOFF_CAP_MS", c.DispatchBackoffCapMS, max(10, c.DispatchBackoffBaseMS), 86400000, "milliseconds, at least AURORA_EVENTS_DISPATCH_BACKOFF_BASE_MS"),
-		config.IntRange("EVENTS_PUBLISH_TIMEOUT_MS", c.PublishTimeoutMS, 100, 60000, "milliseconds"),
+		base, capErr, publish,
 		config.IntRange("EVENTS_STREAM_REPLICAS", c.StreamReplicas, 1, 5, "replicas"),
-		config.IntRange("EVENTS_STREAM_MAX_AGE_HOURS", c.StreamMaxAgeHours, 1, 8760, "hours"),
-		config.IntRange("EVENTS_DUPLICATE_WINDOW_SECONDS", c.DuplicateWindowSeconds, 10, min(86400, max(10, c.StreamMaxAgeHours*3600)), "seconds, at most the stream's max age"),
-		config.IntRange("EVENTS_RETENTION_HOURS", c.RetentionHours, max(1, c.StreamMaxAgeHours+1), 87600, "hours, more than AURORA_EVENTS_STREAM_MAX_AGE_HOURS"),
+		maxAge, window, retention,
 		config.IntRange("EVENTS_RETENTION_SCAN_SECONDS", c.RetentionScanSeconds, 0, 86400, "seconds, 0 = off"),
 	)
 }

@@ -127,3 +127,26 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("backoff(40) = %s, want the cap", got)
 	}
 }
+
+// A relation between two knobs names the one that was set: raising the
+// publish timeout past the default lease blames the timeout, not the
+// lease nobody touched.
+func TestConfigRelationNamesWhatWasSet(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"AURORA_EVENTS_PUBLISH_TIMEOUT_MS": "40000"},
+			"config: AURORA_EVENTS_PUBLISH_TIMEOUT_MS=40000 (set) leaves AURORA_EVENTS_DISPATCH_LEASE_SECONDS=30 (its default) out of range: it must be at least AURORA_EVENTS_PUBLISH_TIMEOUT_MS / 1000 + 1 = 41"},
+		{map[string]string{"AURORA_EVENTS_STREAM_MAX_AGE_HOURS": "200"},
+			"config: AURORA_EVENTS_STREAM_MAX_AGE_HOURS=200 (set) must be less than AURORA_EVENTS_RETENTION_HOURS=168 (its default)"},
+		{map[string]string{"AURORA_EVENTS_CONSUMER_MAX_ATTEMPTS": "50"},
+			"config: AURORA_EVENTS_CONSUMER_MAX_ATTEMPTS=50 (set) must be less than AURORA_EVENTS_CONSUMER_MAX_DELIVER="},
+	} {
+		var c Config
+		err := config.LoadFrom(&c, tc.env)
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("%v:\n got %v\nwant %s…", tc.env, err, tc.want)
+		}
+	}
+}
