@@ -40,17 +40,20 @@ type Report struct {
 	Attempts map[string]int `json:"attempts"`
 	// OwnerKills: kill_owner faults that hit hot partitions, with how long
 	// the hot lanes they owned waited for their next acceptance.
-	OwnerKills     []LaneWait `json:"owner_kills"`
-	LaneWaitP50    float64    `json:"lane_wait_p50_seconds"`
-	LaneWaitMax    float64    `json:"lane_wait_max_seconds"`
-	AcceptP50      float64    `json:"stage_to_accepted_p50_seconds"`
-	AcceptP99      float64    `json:"stage_to_accepted_p99_seconds"`
-	AcceptMax      float64    `json:"stage_to_accepted_max_seconds"`
-	Drained        bool       `json:"drained"`
-	DrainSeconds   float64    `json:"drain_seconds"` // from the end of the load to nothing pending or leased
-	ElapsedSeconds float64    `json:"elapsed_seconds"`
-	Failures       []string   `json:"failures"`
-	Dir            string     `json:"dir,omitempty"` // kept work directory (logs)
+	OwnerKills []LaneWait `json:"owner_kills"`
+	// NewLeader: for each kill of AURORA_OUTBOX's leader, seconds until
+	// another node led it (-1: none within 30 s).
+	NewLeader      []float64 `json:"new_leader_seconds,omitempty"`
+	LaneWaitP50    float64   `json:"lane_wait_p50_seconds"`
+	LaneWaitMax    float64   `json:"lane_wait_max_seconds"`
+	AcceptP50      float64   `json:"stage_to_accepted_p50_seconds"`
+	AcceptP99      float64   `json:"stage_to_accepted_p99_seconds"`
+	AcceptMax      float64   `json:"stage_to_accepted_max_seconds"`
+	Drained        bool      `json:"drained"`
+	DrainSeconds   float64   `json:"drain_seconds"` // from the end of the load to nothing pending or leased
+	ElapsedSeconds float64   `json:"elapsed_seconds"`
+	Failures       []string  `json:"failures"`
+	Dir            string    `json:"dir,omitempty"` // kept work directory (logs)
 }
 
 // LaneWait is one kill of a hot-lane owner: the hot lanes it owned and
@@ -109,6 +112,9 @@ func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
 			rep.FaultsSkipped++
 		} else {
 			rep.Faults[f.Kind]++
+		}
+		if !f.Skipped && f.Kind == FaultKillStreamLeader {
+			rep.NewLeader = append(rep.NewLeader, f.NewLeaderSeconds)
 		}
 	}
 	rows, err := r.pool.Query(ctx, `SELECT idempotency_key, tenant, quantity, state::text, attempts,

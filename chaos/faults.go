@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/aurora-billing/aurora/shared/outbox"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // FaultKind names a fault the harness injects.
@@ -128,6 +129,9 @@ type Fault struct {
 	Hot   []int `json:"hot,omitempty"`
 	// Skipped: no target was running.
 	Skipped bool `json:"skipped,omitempty"`
+	// NewLeaderSeconds (kill_stream_leader): from the kill to AURORA_OUTBOX
+	// reporting a leader on another node; -1 when none within 30 s.
+	NewLeaderSeconds float64 `json:"new_leader_seconds,omitempty"`
 }
 
 const sigCont = syscall.SIGCONT
@@ -186,6 +190,9 @@ func (r *run) fire(ctx context.Context, pl Planned) Fault {
 	if err != nil {
 		f.Skipped = true
 		return f
+	}
+	if pl.Kind == FaultKillStreamLeader {
+		f.NewLeaderSeconds = r.awaitLeader(ctx, target, f.Start)
 	}
 	r.logf("fault %s on %s (hot partitions %v), back in %s", pl.Kind, target.name, f.Hot, pl.Down.Round(time.Millisecond))
 	r.recoveries.Add(1)
@@ -259,6 +266,25 @@ func (r *run) choose(ctx context.Context, pl Planned, f *Fault) *proc {
 		}
 	}
 	return target
+}
+
+// awaitLeader polls AURORA_OUTBOX's stream info until a node other than
+// old leads it, and returns the seconds since killed; -1 after 30 s.
+func (r *run) awaitLeader(ctx context.Context, old *proc, killed time.Time) float64 {
+	for time.Since(killed) < 30*time.Second && ctx.Err() == nil {
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		s, err := r.js.Stream(sctx, outbox.StreamName)
+		if err == nil {
+			var info *jetstream.StreamInfo
+			if info, err = s.Info(sctx); err == nil && info.Cluster != nil && info.Cluster.Leader != "" && r.nats.node(info.Cluster.Leader) != old {
+				cancel()
+				return time.Since(killed).Seconds()
+			}
+		}
+		cancel()
+		time.Sleep(100 * time.Millisecond)
+	}
+	return -1
 }
 
 // streamNode returns the running nats-server leading AURORA_OUTBOX

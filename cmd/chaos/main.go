@@ -124,6 +124,9 @@ func printReport(r *chaos.Report) {
 	fmt.Fprintf(w, "  reclaimed        %d items claimed more than once; attempts by outcome %v\n", r.Reclaimed, r.Attempts)
 	fmt.Fprintf(w, "  stale leases     %d (held by a killed or stopped owner), waited p50 %.1fs, max %.1fs for the take-over\n", r.StaleLeases, r.StaleLeaseWaitP50, r.StaleLeaseWaitMax)
 	fmt.Fprintf(w, "  owner kills      %d hitting hot lanes; lane wait to next acceptance p50 %.1fs, max %.1fs\n", len(r.OwnerKills), r.LaneWaitP50, r.LaneWaitMax)
+	if len(r.NewLeader) > 0 {
+		fmt.Fprintf(w, "  stream leader    %d kills; a new AURORA_OUTBOX leader after (s) %v\n", len(r.NewLeader), r.NewLeader)
+	}
 	fmt.Fprintf(w, "  staged→accepted  p50 %.2fs, p99 %.2fs, max %.2fs\n", r.AcceptP50, r.AcceptP99, r.AcceptMax)
 	fmt.Fprintf(w, "  drained          %t, %.1fs after the load; run %.0fs\n", r.Drained, r.DrainSeconds, r.ElapsedSeconds)
 	if len(r.Failures) == 0 {
