@@ -43,17 +43,20 @@ type Report struct {
 	OwnerKills []LaneWait `json:"owner_kills"`
 	// NewLeader: for each kill of AURORA_OUTBOX's leader, seconds until
 	// another node led it (-1: none within 30 s).
-	NewLeader      []float64 `json:"new_leader_seconds,omitempty"`
-	LaneWaitP50    float64   `json:"lane_wait_p50_seconds"`
-	LaneWaitMax    float64   `json:"lane_wait_max_seconds"`
-	AcceptP50      float64   `json:"stage_to_accepted_p50_seconds"`
-	AcceptP99      float64   `json:"stage_to_accepted_p99_seconds"`
-	AcceptMax      float64   `json:"stage_to_accepted_max_seconds"`
-	Drained        bool      `json:"drained"`
-	DrainSeconds   float64   `json:"drain_seconds"` // from the end of the load to nothing pending or leased
-	ElapsedSeconds float64   `json:"elapsed_seconds"`
-	Failures       []string  `json:"failures"`
-	Dir            string    `json:"dir,omitempty"` // kept work directory (logs)
+	NewLeader   []float64 `json:"new_leader_seconds,omitempty"`
+	LaneWaitP50 float64   `json:"lane_wait_p50_seconds"`
+	LaneWaitMax float64   `json:"lane_wait_max_seconds"`
+	AcceptP50   float64   `json:"stage_to_accepted_p50_seconds"`
+	AcceptP99   float64   `json:"stage_to_accepted_p99_seconds"`
+	AcceptMax   float64   `json:"stage_to_accepted_max_seconds"`
+	// Exits: processes that exited without the harness killing them
+	// (restarted a second later, as an orchestrator would), by name.
+	Exits          map[string]int `json:"exits_on_their_own"`
+	Drained        bool           `json:"drained"`
+	DrainSeconds   float64        `json:"drain_seconds"` // from the end of the load to nothing pending or leased
+	ElapsedSeconds float64        `json:"elapsed_seconds"`
+	Failures       []string       `json:"failures"`
+	Dir            string         `json:"dir,omitempty"` // kept work directory (logs)
 }
 
 // LaneWait is one kill of a hot-lane owner: the hot lanes it owned and

@@ -221,7 +221,7 @@ func startNATS(ctx context.Context, bin, dir string, n int) (*natsCluster, error
 		if n > 1 {
 			args = append(args, "--cluster_name", "aurora-chaos", "--cluster", routes[i], "--routes", strings.Join(routes, ","))
 		}
-		p := &proc{name: "nats-" + strconv.Itoa(i), bin: bin, dir: dir, env: os.Environ(), args: args}
+		p := &proc{name: "nats-" + strconv.Itoa(i), supervise: true, bin: bin, dir: dir, env: os.Environ(), args: args}
 		if err := p.start(); err != nil {
 			c.stop()
 			return nil, err

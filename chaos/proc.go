@@ -34,11 +34,19 @@ type proc struct {
 	dir  string
 	cred *syscall.Credential // run as this user (Postgres refuses root); nil = the harness's
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	state  procState
-	done   chan struct{} // closed when the current process has exited
-	starts int
+	// supervise: a process that exits without the harness having killed
+	// or stopped it is started again after a second, as an orchestrator
+	// would; exits counts those.
+	supervise bool
+
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	state    procState
+	done     chan struct{} // closed when the current process has exited
+	starts   int
+	expected bool // the harness killed or is stopping the current process
+	exits    int  // exits nobody asked for
+	closed   bool // teardown: never start again
 }
 
 // ErrNotRunning: a fault was asked of a process that is not running.
@@ -69,13 +77,28 @@ func (p *proc) start() error {
 		_ = cmd.Wait()
 		logf.Close()
 		p.mu.Lock()
+		restart := false
 		if p.cmd == cmd {
 			p.state = procDown
+			if !p.expected && !p.closed {
+				p.exits++
+				restart = p.supervise
+			}
 		}
 		p.mu.Unlock()
 		close(done)
+		if restart {
+			time.AfterFunc(time.Second, func() {
+				p.mu.Lock()
+				again := p.state == procDown && !p.closed && p.cmd == cmd
+				p.mu.Unlock()
+				if again {
+					_ = p.start()
+				}
+			})
+		}
 	}()
-	p.cmd, p.state, p.done = cmd, procRunning, done
+	p.cmd, p.state, p.done, p.expected = cmd, procRunning, done, false
 	p.starts++
 	return nil
 }
@@ -103,6 +126,7 @@ func (p *proc) signal(sig syscall.Signal) error {
 func (p *proc) kill9() error {
 	p.mu.Lock()
 	done := p.done
+	p.expected = true
 	p.mu.Unlock()
 	if err := p.signal(syscall.SIGKILL); err != nil {
 		return err
@@ -116,6 +140,7 @@ func (p *proc) kill9() error {
 func (p *proc) stop(grace time.Duration) {
 	p.mu.Lock()
 	done, running := p.done, p.state != procDown
+	p.expected, p.closed = true, true
 	p.mu.Unlock()
 	if !running {
 		return
@@ -127,6 +152,13 @@ func (p *proc) stop(grace time.Duration) {
 	case <-time.After(grace):
 		_ = p.kill9()
 	}
+}
+
+// unexpectedExits returns how many times the process exited by itself.
+func (p *proc) unexpectedExits() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exits
 }
 
 // current returns the process's state.

@@ -347,6 +347,12 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	rep.Drained, rep.DrainSeconds = drained, drainSeconds
+	rep.Exits = map[string]int{}
+	for _, p := range append(append(append([]*proc{}, r.nats.nodes...), r.relay), r.dels...) {
+		if n := p.unexpectedExits(); n > 0 {
+			rep.Exits[p.name] = n
+		}
+	}
 	if !drained {
 		rep.Failures = append([]string{fmt.Sprintf("not drained %s after the load: items still pending or leased", o.DrainTimeout)}, rep.Failures...)
 	}
@@ -405,7 +411,7 @@ func (r *run) startServices(ctx context.Context) error {
 		return err
 	}
 	r.relayHTTP = "127.0.0.1:" + strconv.Itoa(port)
-	r.relay = &proc{name: "relay", bin: r.o.Bin.Aurora, dir: r.dir, args: []string{"relay"}, env: env(
+	r.relay = &proc{name: "relay", supervise: true, bin: r.o.Bin.Aurora, dir: r.dir, args: []string{"relay"}, env: env(
 		"AURORA_DATABASE_URL="+r.dbURL, "AURORA_NATS_URL="+r.natsURL, "AURORA_RELAY_HTTP_ADDR="+r.relayHTTP,
 		"AURORA_RELAY_POLL_MS=200", "AURORA_OUTBOX_PARTITIONS="+strconv.Itoa(r.o.Partitions),
 		"AURORA_OUTBOX_STREAM_REPLICAS="+strconv.Itoa(r.o.NATSNodes), "AURORA_EVENTS_STREAM_REPLICAS="+strconv.Itoa(r.o.NATSNodes))}
@@ -421,7 +427,7 @@ func (r *run) startServices(ctx context.Context) error {
 			return err
 		}
 		addr := "127.0.0.1:" + strconv.Itoa(port)
-		p := &proc{name: fmt.Sprintf("deliverer-%d", i), bin: r.o.Bin.Aurora, dir: r.dir, args: []string{"deliverer"}, env: env(
+		p := &proc{name: fmt.Sprintf("deliverer-%d", i), supervise: true, bin: r.o.Bin.Aurora, dir: r.dir, args: []string{"deliverer"}, env: env(
 			"AURORA_DATABASE_URL="+r.dbURL, "AURORA_NATS_URL="+r.natsURL, "AURORA_DELIVERER_HTTP_ADDR="+addr,
 			"AURORA_STRIPE_API_KEY="+stripeKey, "AURORA_STRIPE_API_BASE="+r.emuURL,
 			"AURORA_DELIVERER_DB_CONNS=8", "AURORA_OUTBOX_LEASE_SECONDS="+strconv.Itoa(r.o.LeaseSeconds),
@@ -452,7 +458,8 @@ func (r *run) heal(ctx context.Context) error {
 		case procStopped:
 			_ = p.signal(sigCont)
 		case procDown:
-			if err := p.start(); err != nil {
+			// a supervised restart may have won the race: fine
+			if err := p.start(); err != nil && p.current() == procDown {
 				return err
 			}
 		}

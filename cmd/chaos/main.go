@@ -128,6 +128,7 @@ func printReport(r *chaos.Report) {
 		fmt.Fprintf(w, "  stream leader    %d kills; a new AURORA_OUTBOX leader after (s) %v\n", len(r.NewLeader), r.NewLeader)
 	}
 	fmt.Fprintf(w, "  staged→accepted  p50 %.2fs, p99 %.2fs, max %.2fs\n", r.AcceptP50, r.AcceptP99, r.AcceptMax)
+	fmt.Fprintf(w, "  exited by itself %v (restarted by the harness)\n", r.Exits)
 	fmt.Fprintf(w, "  drained          %t, %.1fs after the load; run %.0fs\n", r.Drained, r.DrainSeconds, r.ElapsedSeconds)
 	if len(r.Failures) == 0 {
 		fmt.Fprintln(w, "  invariants       every one held")
