@@ -64,10 +64,24 @@ func (d *Deliverer) prepare(ctx context.Context) (int, error) {
 	for {
 		n, err := d.streamPartitions(ctx)
 		if err == nil {
-			if err := d.checkClash(ctx, n); err != nil {
+			err = d.checkClash(ctx, n)
+			var clash *ConsumerClashError
+			switch {
+			case err == nil:
+				return n, nil
+			case errors.As(err, &clash), ctx.Err() != nil:
 				return 0, err
 			}
-			return n, nil
+			// A consumer lookup that timed out or that JetStream could not
+			// answer yet (a stream leader being elected after a node died)
+			// is waited out like an unreachable JetStream: exiting here
+			// turned every election into a restart of every deliverer
+			// started during it.
+			d.log.Warn("deliverer: partition consumers not readable yet, retrying", "err", err, "retry_in", wait)
+			if err := pause(); err != nil {
+				return 0, err
+			}
+			continue
 		}
 		var apiErr *jetstream.APIError
 		switch {

@@ -16,6 +16,7 @@ import (
 	"github.com/aurora-billing/aurora/shared/ops"
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/aurora-billing/aurora/stripeemulator"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -217,5 +218,51 @@ func TestClashingFiltersRefuseToStart(t *testing.T) {
 	}
 	if f := cons.CachedInfo().Config.FilterSubject; f != theirs {
 		t.Fatalf("consumer filter %q, want the first deliverer's %q", f, theirs)
+	}
+}
+
+// slowLookups is JetStream whose first fails consumer lookups time out, as
+// they do while a stream leader is being elected after a node died.
+type slowLookups struct {
+	jetstream.JetStream
+	mu    sync.Mutex
+	fails int
+}
+
+func (s *slowLookups) Consumer(ctx context.Context, stream, name string) (jetstream.Consumer, error) {
+	s.mu.Lock()
+	fail := s.fails > 0
+	if fail {
+		s.fails--
+	}
+	s.mu.Unlock()
+	if fail {
+		return nil, fmt.Errorf("consumer lookup: %w", context.DeadlineExceeded)
+	}
+	return s.JetStream.Consumer(ctx, stream, name)
+}
+
+// A deliverer started while JetStream cannot answer consumer lookups yet
+// (a leader election) waits them out and then delivers, instead of
+// exiting: the chaos harness's 3-node runs saw deliverers exit 30 times
+// on "consumer …: context deadline exceeded".
+func TestStartWaitsOutConsumerLookupTimeouts(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stripeemulator.Faults{})
+	flaky := &slowLookups{JetStream: h.js, fails: 3}
+	h.js = flaky
+	r := h.start(testConfig())
+	row := h.stage(h.item("org_1", "event:election", 1))
+	h.publish(row.ID)
+	h.awaitState(row.ID, outbox.StateAccepted)
+	select {
+	case <-r.done:
+		t.Fatalf("Run ended: %v", r.err)
+	default:
+	}
+	flaky.mu.Lock()
+	defer flaky.mu.Unlock()
+	if flaky.fails != 0 {
+		t.Fatalf("%d lookups never tried", flaky.fails)
 	}
 }
