@@ -21,4 +21,9 @@
 // (the check every service makes at start); read-only commands (status,
 // list, inspect, actions) print a warning to stderr and go on; migrate and
 // key are not judged.
+//
+// An AURORA_* variable in the environment that no aurora component reads
+// (a misspelling such as AURORA_STRIPE_ACCONT) is warned about on stderr,
+// one line each naming the closest known variable, and otherwise ignored:
+// the exit code is unchanged.
 package admin

@@ -110,8 +110,12 @@ func NewRootCmd(streams IO) *cobra.Command {
 }
 
 // Main runs auroractl with args and returns the process exit code. Errors
-// are printed as one line on streams.Err.
+// are printed as one line on streams.Err; before the command runs, each
+// AURORA_* variable of the environment that no aurora component reads is
+// warned about on streams.Err (one line each, with the closest known
+// name; the exit code is unchanged).
 func Main(ctx context.Context, args []string, streams IO) int {
+	warnUnknownVars(streams.Err, os.Environ())
 	root := NewRootCmd(streams)
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/aurora-billing/aurora/admin"
 	"github.com/aurora-billing/aurora/shared/config"
 	"github.com/aurora-billing/aurora/shared/events"
 )
@@ -151,5 +152,19 @@ func TestRelayReadsNoConsumerKnob(t *testing.T) {
 	warnUnknownVars(slog.New(slog.NewTextHandler(&logs, nil)))
 	if strings.Contains(logs.String(), "AURORA_EVENTS_CONSUMER_INTERVAL_MS") {
 		t.Errorf("a consumer knob warned about as unknown: %s", logs.String())
+	}
+}
+
+// auroractl cannot import this command's configuration structs, so it
+// keeps its own list of known variables to warn against; it must be this
+// command's.
+func TestAuroractlKnowsEveryVariable(t *testing.T) {
+	want := knownVars()
+	if got := admin.KnownVars(); !slices.Equal(got, want) {
+		var b strings.Builder
+		for _, n := range want {
+			fmt.Fprintf(&b, "\t\t%q,\n", n)
+		}
+		t.Fatalf("admin.KnownVars differs from cmd/aurora's knownVars; its list should be:\n%s", b.String())
 	}
 }
