@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -149,17 +150,23 @@ func TestInvoiceWebhooksPublishInvoiceEvents(t *testing.T) {
 	}
 }
 
-func TestInvoiceAmountIsReadLeniently(t *testing.T) {
+// An invoice's amount is a non-negative int64 or absent; anything else
+// present is a refusal naming the field (never the value). The currency
+// stays lenient: a malformed one is announced as absent.
+func TestInvoiceAmountIsReadStrictly(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		raw      string
-		amount   int64
-		ok       bool
+		amount   *int64
+		bad      bool
 		currency string
 	}{
-		{`{"amount_paid": 1999, "currency": "eur"}`, 1999, true, "eur"},
-		{`{"amount_paid": -1, "currency": "EUR"}`, 0, false, ""},
-		{`{"amount_paid": "12", "currency": 5}`, 0, false, ""},
-		{`{}`, 0, false, ""},
+		{`{"amount_paid": 1999, "currency": "eur"}`, ptr(int64(1999)), false, "eur"},
+		{`{"amount_paid": 0, "currency": "EUR"}`, ptr(int64(0)), false, ""},
+		{`{"currency": 5}`, nil, false, ""},
+		{`{"amount_paid": -1}`, nil, true, ""},
+		{`{"amount_paid": "12"}`, nil, true, ""},
+		{`{"amount_paid": null}`, nil, true, ""},
 	} {
 		var o struct {
 			AmountPaid json.RawMessage `json:"amount_paid"`
@@ -168,9 +175,106 @@ func TestInvoiceAmountIsReadLeniently(t *testing.T) {
 		if err := json.Unmarshal([]byte(tc.raw), &o); err != nil {
 			t.Fatal(err)
 		}
-		a := minorAmount(o.AmountPaid)
-		if (a != nil) != tc.ok || (a != nil && *a != tc.amount) || currencyCode(o.Currency) != tc.currency {
+		a, err := minorAmount(o.AmountPaid, "data.object.amount_paid")
+		var pe *PayloadError
+		if tc.bad != (err != nil) || (err != nil && (!errors.As(err, &pe) || pe.Field != "data.object.amount_paid" || pe.Code != ReasonInvalidInvoiceAmount)) {
+			t.Errorf("%s: error %v, want a refusal %v", tc.raw, err, tc.bad)
+		}
+		if (a == nil) != (tc.amount == nil) || (a != nil && *a != *tc.amount) || currencyCode(o.Currency) != tc.currency {
 			t.Errorf("%s: amount %v currency %q", tc.raw, a, currencyCode(o.Currency))
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// A paid (or failed) invoice whose amount is present but unusable is not
+// projected and not announced without its amount: it is quarantined at
+// once as invalid_invoice_amount, its parse error naming the field; the
+// billing status and the outbox are untouched. A good amount is announced.
+func TestBadInvoiceAmountIsQuarantinedNotAnnounced(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.mapPrice("price_basic", "basic")
+	e.linked("cus_1", "tenant_1", "sub_1")
+	e.deliver(subscription(t, "customer.subscription.created", "evt_sub", t0, "cus_1", "sub_1", "active", "price_basic"))
+	e.drain()
+	withAmount := func(typ, id string, created int64, field, raw string) []byte {
+		var env map[string]any
+		if err := json.Unmarshal(invoice(t, basilInvoice, typ, id, created, "cus_1", "in_"+id, "sub_1"), &env); err != nil {
+			t.Fatal(err)
+		}
+		obj := env["data"].(map[string]any)["object"].(map[string]any)
+		if raw == "" {
+			delete(obj, field)
+		} else {
+			obj[field] = json.RawMessage(raw)
+		}
+		return encode(t, env)
+	}
+	tests := []struct {
+		name, typ, field, raw string
+		want                  Reason // "" = applied
+		amount                any    // the announced amount; nil = absent
+	}{
+		{"negative", "invoice.paid", "amount_paid", `-500`, ReasonInvalidInvoiceAmount, nil},
+		{"a string", "invoice.paid", "amount_paid", `"12"`, ReasonInvalidInvoiceAmount, nil},
+		{"exponent beyond int64", "invoice.paid", "amount_paid", `1e23`, ReasonInvalidInvoiceAmount, nil},
+		{"one past int64", "invoice.paid", "amount_paid", `9223372036854775808`, ReasonInvalidInvoiceAmount, nil},
+		{"a fraction", "invoice.payment_succeeded", "amount_paid", `12.5`, ReasonInvalidInvoiceAmount, nil},
+		{"null", "invoice.paid", "amount_paid", `null`, ReasonInvalidInvoiceAmount, nil},
+		{"a boolean", "invoice.paid", "amount_paid", `true`, ReasonInvalidInvoiceAmount, nil},
+		{"an object", "invoice.paid", "amount_paid", `{"value":12}`, ReasonInvalidInvoiceAmount, nil},
+		{"failed: negative amount_due", "invoice.payment_failed", "amount_due", `-1`, ReasonInvalidInvoiceAmount, nil},
+		{"good", "invoice.paid", "amount_paid", `1999`, "", float64(1999)},
+		{"zero", "invoice.paid", "amount_paid", `0`, "", float64(0)},
+		{"absent", "invoice.paid", "amount_paid", ``, "", nil},
+	}
+	created := t0 + 100
+	for _, tc := range tests {
+		created += 10 // each its own second: no same-second ambiguity between the cases
+		id := "evt_" + strings.NewReplacer(" ", "_", ":", "").Replace(tc.name)
+		body := withAmount(tc.typ, id, created, tc.field, tc.raw)
+		if tc.want != "" {
+			_, err := parseEvent(body)
+			var pe *PayloadError
+			if !errors.As(err, &pe) || pe.Field != "data.object."+tc.field || pe.Code != tc.want || quarantineReason(err) != tc.want {
+				t.Fatalf("%s: parse error %v, want one naming data.object.%s", tc.name, err, tc.field)
+			}
+			if tc.raw != "" && strings.Contains(err.Error(), tc.raw) {
+				t.Errorf("%s: the error quotes the value: %v", tc.name, err)
+			}
+		}
+		before, outboxBefore := e.entitlement("tenant_1"), e.count(`SELECT count(*) FROM event_outbox`)
+		e.deliver(body)
+		e.drain()
+		r := e.row(id)
+		if tc.want != "" {
+			if !r.deadLetter || r.lastReason != string(tc.want) || r.processed || r.attempts != 1 {
+				t.Errorf("%s: %+v, want quarantined %s at once", tc.name, r, tc.want)
+			}
+			if after := e.entitlement("tenant_1"); after != before {
+				t.Errorf("%s: a quarantined invoice changed the entitlement: %+v → %+v", tc.name, before, after)
+			}
+			if n := e.count(`SELECT count(*) FROM event_outbox`); n != outboxBefore {
+				t.Errorf("%s: a quarantined invoice announced %d events", tc.name, n-outboxBefore)
+			}
+			continue
+		}
+		if r.outcome != string(OutcomeApplied) {
+			t.Fatalf("%s: %+v, want applied", tc.name, r)
+		}
+		var found bool
+		for _, m := range e.announced()[EventInvoicePaid] {
+			if m["stripe_event_id"] == id {
+				found = true
+				if m["amount"] != tc.amount {
+					t.Errorf("%s: announced amount %v, want %v", tc.name, m["amount"], tc.amount)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s: no InvoicePaid.v1 for %s", tc.name, id)
 		}
 	}
 }

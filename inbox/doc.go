@@ -29,6 +29,9 @@
 //     unmapped_stripe_price, stripe_price_config_missing and failed SQL
 //     projections share the budget; the twelfth attempt dead-letters;
 //   - invalid stored events quarantine at once (unrecognized_stripe_payload);
+//   - an invoice event whose amount_paid (paid) or amount_due (failed) is
+//     present but not a non-negative integer quarantines at once
+//     (invalid_invoice_amount) instead of being announced without it;
 //   - an older subscription event never overwrites a newer one; the same
 //     second with a different state is ambiguous_subscription_order;
 //   - invoice outcomes have their own per-invoice guard and a customer-level

@@ -18,6 +18,19 @@ var ErrUnrecognizedPayload = errors.New("inbox: unrecognized stripe payload")
 type PayloadError struct {
 	Field  string // JSON path, e.g. "data.object.customer"
 	Reason string // what is wrong, e.g. "missing", "not a string"
+	// Code is the reason the event is quarantined with;
+	// "" means ReasonUnrecognizedStripePayload.
+	Code Reason
+}
+
+// quarantineReason is the reason an event whose body failed to parse with
+// err is quarantined with.
+func quarantineReason(err error) Reason {
+	var pe *PayloadError
+	if errors.As(err, &pe) && pe.Code != "" {
+		return pe.Code
+	}
+	return ReasonUnrecognizedStripePayload
 }
 
 func (e *PayloadError) Error() string {
@@ -83,8 +96,10 @@ type invoiceObject struct {
 	Outcome        string // invoicePaid | invoiceFailed
 	SubscriptionID string // "" when the invoice names no source
 	// Amount: amount_paid (paid) or amount_due (failed) in the currency's
-	// minor unit; nil when absent or not a non-negative integer (never a
-	// reason to refuse the event: the projection does not use it).
+	// minor unit; nil when the object has no such field. Present but not a
+	// non-negative integer (negative, a string, null, a fraction, beyond
+	// int64) refuses the event with ReasonInvalidInvoiceAmount rather than
+	// announcing the outcome without its amount.
 	Amount   *int64
 	Currency string // lowercase ISO code; "" when absent or malformed
 }
@@ -433,21 +448,31 @@ func parseInvoice(ev *event, obj json.RawMessage) error {
 		outcome = invoiceFailed
 	}
 	ev.Customer = cus
-	amount := o.AmountPaid
+	amount, field := o.AmountPaid, "data.object.amount_paid"
 	if outcome == invoiceFailed {
-		amount = o.AmountDue
+		amount, field = o.AmountDue, "data.object.amount_due"
 	}
-	ev.Invoice = &invoiceObject{ID: id, Outcome: outcome, SubscriptionID: src, Amount: minorAmount(amount), Currency: currencyCode(o.Currency)}
+	n, err := minorAmount(amount, field)
+	if err != nil {
+		return err
+	}
+	ev.Invoice = &invoiceObject{ID: id, Outcome: outcome, SubscriptionID: src, Amount: n, Currency: currencyCode(o.Currency)}
 	return nil
 }
 
-// minorAmount reads a non-negative integer amount; nil otherwise.
-func minorAmount(raw json.RawMessage) *int64 {
-	var n int64
-	if len(raw) == 0 || json.Unmarshal(raw, &n) != nil || n < 0 {
-		return nil
+// minorAmount reads the amount at field (a JSON path, for the error): nil
+// when raw is absent (len 0), a non-negative int64 when it is a JSON
+// integer in range, else a *PayloadError with Code
+// ReasonInvalidInvoiceAmount naming field (never the value).
+func minorAmount(raw json.RawMessage, field string) (*int64, error) {
+	if len(raw) == 0 {
+		return nil, nil
 	}
-	return &n
+	var n int64
+	if bytes.Equal(bytes.TrimSpace(raw), []byte("null")) || json.Unmarshal(raw, &n) != nil || n < 0 {
+		return nil, &PayloadError{Field: field, Reason: "is not a non-negative integer amount in the currency's minor unit", Code: ReasonInvalidInvoiceAmount}
+	}
+	return &n, nil
 }
 
 // currencyCode reads a three-letter lowercase currency; "" otherwise.

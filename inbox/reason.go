@@ -30,6 +30,13 @@ const (
 	// metadata, or an invoice whose two subscription references contradict
 	// each other. Quarantined immediately.
 	ReasonUnrecognizedStripePayload Reason = "unrecognized_stripe_payload"
+	// ReasonInvalidInvoiceAmount: an invoice event's amount (amount_paid of
+	// a paid invoice, amount_due of a failed one) is present but not a
+	// non-negative integer in the currency's minor unit (negative, a
+	// string, null, a fraction or exponent, beyond int64). Quarantined
+	// immediately: the outcome is neither projected nor announced without
+	// its amount.
+	ReasonInvalidInvoiceAmount Reason = "invalid_invoice_amount"
 	// ReasonAmbiguousInvoiceOrder: opposite invoice outcomes (paid vs
 	// failed) of one customer in the same Stripe second, of one invoice or
 	// against the customer-level status. Every invoice outcome of the
@@ -61,7 +68,7 @@ const (
 var Reasons = []Reason{
 	ReasonCustomerNotLinked, ReasonSubscriptionNotLinked, ReasonUnmappedStripePrice, ReasonStripePriceConfigMissing,
 	ReasonProjectionFailed,
-	ReasonUnrecognizedStripePayload, ReasonAmbiguousInvoiceOrder, ReasonAmbiguousSubscriptionOrder,
+	ReasonUnrecognizedStripePayload, ReasonInvalidInvoiceAmount, ReasonAmbiguousInvoiceOrder, ReasonAmbiguousSubscriptionOrder,
 	ReasonAmbiguousMultiSubscription, ReasonAmbiguousInvoiceSubscription, ReasonAmbiguousCustomerLinkage,
 }
 
@@ -72,7 +79,7 @@ func (r Reason) Deferred() bool {
 	case ReasonCustomerNotLinked, ReasonSubscriptionNotLinked, ReasonUnmappedStripePrice,
 		ReasonStripePriceConfigMissing, ReasonProjectionFailed:
 		return true
-	case ReasonUnrecognizedStripePayload, ReasonAmbiguousInvoiceOrder, ReasonAmbiguousSubscriptionOrder,
+	case ReasonUnrecognizedStripePayload, ReasonInvalidInvoiceAmount, ReasonAmbiguousInvoiceOrder, ReasonAmbiguousSubscriptionOrder,
 		ReasonAmbiguousMultiSubscription, ReasonAmbiguousInvoiceSubscription, ReasonAmbiguousCustomerLinkage:
 		return false
 	default:

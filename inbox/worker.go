@@ -260,7 +260,7 @@ func (w *Worker) process(ctx context.Context, conn *pgxpool.Conn, skipped []stri
 	ev, perr := parseEvent(payload)
 	switch {
 	case perr != nil:
-		d = withReason(ReasonUnrecognizedStripePayload)
+		d = withReason(quarantineReason(perr))
 	case ev.ID != id || ev.Type != evType:
 		// the stored envelope columns disagree with the stored body
 		d = withReason(ReasonUnrecognizedStripePayload)
