@@ -411,5 +411,8 @@ func (d *Deliverer) onMessage(work context.Context, p *partition, msg jetstream.
 			return
 		}
 		go d.runLane(work, key, msg)
+		if m.Dispatch > 1 && d.lanes.firstAdoption(key) {
+			d.adopt(key, m.ItemID)
+		}
 	}
 }

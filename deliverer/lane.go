@@ -30,6 +30,17 @@ import (
 // ack-pending window and the other lanes of the partition keep flowing;
 // the relay publishes the deferred items again when they are due.
 //
+// Adoption: an owner that dies or loses its partition takes its memory
+// of deferred items with it, and its successor would get them only at
+// their estimates (one per 50 ms for an unmeasured lane: a burst drained at
+// a few items a second after its owner was killed). So the first message
+// of a later dispatch (dispatch > 1) that starts a lane this process never
+// deferred for makes it adopt the lane's deferred rows once (adoptQuery:
+// the same tenant, feature, account and exporter, pending, unpublished,
+// due later, never attempted — a row in a retry's backoff is never
+// brought forward); they join the lane's memory and are recalled like its
+// own.
+//
 // Recall: the due time is only an estimate (a lane not measured yet is
 // assumed at 50 ms an item, ten times what a 0 ms provider costs), so the
 // owner also remembers what its lane deferred and, once the lane holds no
@@ -51,6 +62,9 @@ type lanes struct {
 	// lane emptied with more deferred than its share): its next runner
 	// inherits them.
 	parked map[string][]deferredItem
+	// adopted: lanes this process has deferred for or adopted (see
+	// Adoption), so a lane is adopted at most once.
+	adopted map[string]bool
 }
 
 type lane struct {
@@ -91,7 +105,7 @@ const (
 )
 
 func newLanes(share int) *lanes {
-	return &lanes{share: share, m: map[string]*lane{}, perItem: map[string]time.Duration{}, parked: map[string][]deferredItem{}}
+	return &lanes{share: share, m: map[string]*lane{}, perItem: map[string]time.Duration{}, parked: map[string][]deferredItem{}, adopted: map[string]bool{}}
 }
 
 // laneKey is the message's lane token (outbox.Message.Lane) under its
@@ -199,11 +213,48 @@ func (l *lanes) recallLocked(ln *lane) []deferredItem {
 	return out
 }
 
+// firstAdoption reports whether key's lane is to be adopted now: true
+// once per lane and process (a lane this process deferred for is its own).
+func (l *lanes) firstAdoption(key string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.adopted[key] {
+		return false
+	}
+	if len(l.adopted) >= maxParked*10 { // bound the memory: a lane seen again may be adopted again
+		clear(l.adopted)
+	}
+	l.adopted[key] = true
+	return true
+}
+
+// adoptDeferred adds items (deferred by another owner) to key's lane memory
+// and returns those to recall now; a closed lane parks them.
+func (l *lanes) adoptDeferred(key string, items []deferredItem) []deferredItem {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ln := l.m[key]
+	if ln == nil {
+		if len(l.parked) < maxParked {
+			l.parked[key] = append(l.parked[key], items...)
+		}
+		return nil
+	}
+	for _, it := range items {
+		if len(ln.deferred) >= maxRemembered {
+			break
+		}
+		ln.deferred = append(ln.deferred, it)
+	}
+	return l.recallLocked(ln)
+}
+
 // remember records that key's lane deferred it; it returns the items to
 // recall at once (the lane closed meanwhile, or has room again).
 func (l *lanes) remember(key string, it deferredItem) []deferredItem {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.adopted[key] = true
 	ln := l.m[key]
 	if ln == nil {
 		return []deferredItem{it}
@@ -369,5 +420,28 @@ func (d *Deliverer) recall(items []deferredItem) {
 			return
 		}
 		d.m.recalled.Add(float64(n))
+	}()
+}
+
+// adopt reads the deferred rows of the lane of item (adoptQuery) on its
+// own goroutine and adds them to key's lane memory (Adoption). A failure
+// is counted and logged: the rows stay due at their estimates.
+func (d *Deliverer) adopt(key string, item int64) {
+	if !d.enter() {
+		return
+	}
+	go func() {
+		defer d.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
+		defer cancel()
+		items, err := adoptItems(ctx, d.db, adoptParams{Now: d.clock.Override(), ItemID: item, Limit: maxRemembered})
+		if err != nil {
+			d.m.errors.WithLabelValues("adopt").Inc()
+			d.log.Warn("deliverer: adopting a lane's deferred items failed; they stay due at their estimate", "item", item, "err", err)
+			return
+		}
+		if len(items) > 0 {
+			d.recall(d.lanes.adoptDeferred(key, items))
+		}
 	}()
 }

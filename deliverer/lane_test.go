@@ -161,3 +161,27 @@ func TestLaneRecall(t *testing.T) {
 		t.Fatalf("inherited: %v %v", g, ids(r))
 	}
 }
+
+// TestLaneAdoption: a lane is adopted once per process, not at all when
+// this process deferred for it; adopted items join its memory and are
+// recalled like its own, or are parked when the lane has closed.
+func TestLaneAdoption(t *testing.T) {
+	t.Parallel()
+	l := newLanes(4)
+	if !l.firstAdoption("a") || l.firstAdoption("a") {
+		t.Fatal("a lane must be adopted exactly once")
+	}
+	l.join("b", laneMsg{item: 1}, 1)
+	l.remember("b", deferredItem{ID: 9, Dispatch: 2})
+	if l.firstAdoption("b") {
+		t.Fatal("a lane this process deferred for is not adopted")
+	}
+	l.join("c", laneMsg{item: 1}, 1) // holds 1 of 4: room for 3
+	r := l.adoptDeferred("c", []deferredItem{{ID: 5, Dispatch: 2}, {ID: 6, Dispatch: 2}, {ID: 7, Dispatch: 2}, {ID: 8, Dispatch: 2}})
+	if len(r) != 3 || r[0].ID != 5 || r[2].ID != 7 {
+		t.Fatalf("recalled %+v, want 5, 6, 7", r)
+	}
+	if r := l.adoptDeferred("gone", []deferredItem{{ID: 1, Dispatch: 2}}); r != nil || len(l.parked["gone"]) != 1 {
+		t.Fatalf("closed lane: recall %v, parked %v", r, l.parked["gone"])
+	}
+}

@@ -27,7 +27,9 @@ type DB interface {
 //   - recordQuery (recordParams): write a batch of outcomes, fenced;
 //   - deferQuery (deferParams): hand a hot lane's surplus back to the relay;
 //   - recallQuery (recallParams): bring deferred rows forward once their
-//     lane has room.
+//     lane has room;
+//   - adoptQuery (adoptParams): find the deferred rows of a lane another
+//     owner deferred.
 //
 // Which columns of outbox_items each writes: shared/outbox/columns.go.
 
@@ -569,4 +571,49 @@ func recallItems(ctx context.Context, db DB, p recallParams) (int64, error) {
 		return 0, fmt.Errorf("deliverer: recall %d deferred items: %w", len(p.Items), err)
 	}
 	return n, nil
+}
+
+// adoptQuery returns, oldest due first, the rows deferred on the lane of
+// item @item that a recall may bring forward (lane.go, "Adoption"): the
+// item's tenant, feature, destination account and exporter; pending,
+// unpublished, due later than now; never attempted, so a row waiting out
+// a retry's backoff is not among them. At most @limit rows.
+const adoptQuery = `
+WITH clk AS (SELECT coalesce(@now::timestamptz, now()) AS now),
+me AS (SELECT tenant, feature, destination_account, exporter FROM outbox_items WHERE id = @item)
+SELECT o.id, o.dispatch
+FROM outbox_items o, me, clk
+WHERE o.state = 'pending' AND o.published_dispatch < o.dispatch AND o.next_attempt_at > clk.now
+  AND o.attempts = 0 AND o.id <> @item
+  AND o.tenant = me.tenant AND o.feature = me.feature
+  AND o.destination_account = me.destination_account AND o.exporter = me.exporter
+ORDER BY o.next_attempt_at
+LIMIT @limit`
+
+// adoptParams are adoptQuery's parameters.
+type adoptParams struct {
+	Now    *time.Time
+	ItemID int64
+	Limit  int
+}
+
+func (p adoptParams) args() pgx.NamedArgs {
+	return pgx.NamedArgs{"now": p.Now, "item": p.ItemID, "limit": p.Limit}
+}
+
+// adoptItems runs adoptQuery.
+func adoptItems(ctx context.Context, db DB, p adoptParams) ([]deferredItem, error) {
+	rows, err := db.Query(ctx, adoptQuery, p.args())
+	if err != nil {
+		return nil, fmt.Errorf("deliverer: adopt deferred items of item %d: %w", p.ItemID, err)
+	}
+	items, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (deferredItem, error) {
+		var it deferredItem
+		err := r.Scan(&it.ID, &it.Dispatch)
+		return it, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("deliverer: adopt deferred items of item %d: %w", p.ItemID, err)
+	}
+	return items, nil
 }

@@ -3,6 +3,7 @@ package deliverer
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -400,6 +401,49 @@ func TestRecallBringsDeferredRowsForward(t *testing.T) {
 	defer cancel2()
 	if nt, err := listener.Conn().WaitForNotification(ctx2); err == nil {
 		t.Fatalf("notified although nothing moved: %+v", nt)
+	}
+}
+
+// TestAdoptFindsTheLanesDeferredRows: adoption returns the rows deferred
+// on the item's lane (same tenant, feature, account, exporter), never
+// attempted and due later, oldest due first; not a row in a retry's
+// backoff, not one already due, not another feature's.
+func TestAdoptFindsTheLanesDeferredRows(t *testing.T) {
+	t.Parallel()
+	f := newStore(t)
+	x, a, b, retry, due := f.stage("event:ax"), f.stage("event:aa"), f.stage("event:ab"), f.stage("event:ar"), f.stage("event:ad")
+	var other outbox.Row // another feature: another lane
+	if err := pgx.BeginFunc(context.Background(), f.pool, func(tx pgx.Tx) error {
+		var err error
+		other, err = outbox.Stage(context.Background(), tx, outbox.Item{
+			Identity: identity.Identity{Tenant: "org_s", SubjectKind: identity.SubjectEvent, SubjectRef: "event:ao",
+				Exporter: outbox.DefaultExporter, DestinationAccount: "acct_s", Mode: identity.ModeTest, MappingVersion: 1},
+			Feature: "egress_bytes", Quantity: 1, OccurredAt: f.now,
+		})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.exec(`UPDATE outbox_items SET published_dispatch = dispatch, published_at = now()`)
+	if _, err := deferItems(context.Background(), f.pool, deferParams{Now: &f.now, Items: []deferRequest{
+		{ItemID: a.ID, Dispatch: a.Dispatch, Delay: 2 * time.Minute},
+		{ItemID: b.ID, Dispatch: b.Dispatch, Delay: time.Minute},
+		{ItemID: due.ID, Dispatch: due.Dispatch, Delay: 0},
+		{ItemID: other.ID, Dispatch: other.Dispatch, Delay: time.Minute},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	f.exec(`UPDATE outbox_items SET attempts = 1, dispatch = dispatch + 1, next_attempt_at = $2 WHERE id = $1`, retry.ID, f.now.Add(time.Minute))
+	got, err := adoptItems(context.Background(), f.pool, adoptParams{Now: &f.now, ItemID: x.ID, Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []deferredItem{{ID: b.ID, Dispatch: 2}, {ID: a.ID, Dispatch: 2}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("adopted %+v, want %+v", got, want)
+	}
+	if got, _ := adoptItems(context.Background(), f.pool, adoptParams{Now: &f.now, ItemID: x.ID, Limit: 1}); len(got) != 1 || got[0].ID != b.ID {
+		t.Fatalf("limit 1: %+v", got)
 	}
 }
 
