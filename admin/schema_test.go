@@ -1,28 +1,17 @@
 package admin
 
 import (
-	"context"
 	"strings"
 	"testing"
 
 	"github.com/aurora-billing/aurora/migrations/dbtest"
-	"github.com/jackc/pgx/v5"
 )
 
 // A command that writes refuses (exit 5, naming the migration) a database
 // not migrated to this build or whose recorded checksum of a migration was
 // altered; a read-only command warns and goes on; migrate is not judged.
 func TestCommandsRefuseADatabaseNotOfThisBuild(t *testing.T) {
-	ctx := context.Background()
-	mismatched := dbtest.NewDatabase(t)
-	conn, err := pgx.Connect(ctx, mismatched)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, `UPDATE aurora_schema_checksums SET sha256 = repeat('0', 64) WHERE version = 17`); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close(ctx)
+	mismatched := dbtest.NewAlteredDatabase(t)
 	empty := dbtest.NewEmptyDatabase(t)
 	const file = "00017_take_bumps_dispatch.sql"
 	tests := []struct {

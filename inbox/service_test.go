@@ -15,7 +15,6 @@ import (
 	"github.com/aurora-billing/aurora/migrations"
 	"github.com/aurora-billing/aurora/migrations/dbtest"
 	"github.com/aurora-billing/aurora/shared/config"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -49,16 +48,7 @@ func TestReadyzNotReadyOnUnmigratedDatabase(t *testing.T) {
 // build's file.
 func TestRunRefusesDatabaseNotOfThisBuild(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	mismatched := dbtest.NewDatabase(t)
-	conn, err := pgx.Connect(ctx, mismatched)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, `UPDATE aurora_schema_checksums SET sha256 = repeat('0', 64) WHERE version = 17`); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close(ctx)
+	mismatched := dbtest.NewAlteredDatabase(t)
 	for _, tc := range []struct {
 		name, url string
 		want      error

@@ -12,7 +12,6 @@ import (
 	"github.com/aurora-billing/aurora/migrations"
 	"github.com/aurora-billing/aurora/migrations/dbtest"
 	"github.com/aurora-billing/aurora/shared/config"
-	"github.com/jackc/pgx/v5"
 )
 
 // Run refuses to start, before any provider call and naming the
@@ -20,16 +19,7 @@ import (
 // migration differs from this build's file.
 func TestRunRefusesDatabaseNotOfThisBuild(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	mismatched := dbtest.NewDatabase(t)
-	conn, err := pgx.Connect(ctx, mismatched)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, `UPDATE aurora_schema_checksums SET sha256 = repeat('0', 64) WHERE version = 17`); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close(ctx)
+	mismatched := dbtest.NewAlteredDatabase(t)
 	for _, tc := range []struct {
 		name, url string
 		want      error

@@ -255,3 +255,27 @@ func dropStaleTemplates(ctx context.Context, admin *pgx.Conn, current string) {
 		}
 	}
 }
+
+// AlteredMigration is the file whose recorded checksum NewAlteredDatabase
+// changes: a refusal of that database names it.
+const AlteredMigration = "00017_take_bumps_dispatch.sql"
+
+// NewAlteredDatabase creates a fresh migrated database whose recorded
+// checksum of AlteredMigration differs from this build's file (as if it had
+// been migrated from another copy of that migration) and returns its URL;
+// it is dropped when t ends. For tests that a service refuses a database
+// not of its build.
+func NewAlteredDatabase(t testing.TB) string {
+	t.Helper()
+	url := NewDatabase(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `UPDATE aurora_schema_checksums SET sha256 = repeat('0', 64) WHERE version = 17`); err != nil {
+		t.Fatalf("dbtest: alter checksum: %v", err)
+	}
+	return url
+}
