@@ -1,8 +1,7 @@
 package deliverer
 
 import (
-	"strings"
-	"unicode/utf8"
+	"github.com/aurora-billing/aurora/shared/field"
 )
 
 // truncateUTF8 returns s cut to at most n bytes without splitting a UTF-8
@@ -10,20 +9,7 @@ import (
 // such value fails a whole outcome batch). Invalid bytes already in s are
 // replaced by U+FFFD first, for the same reason, and so is NUL, which
 // Postgres text cannot hold at all.
-func truncateUTF8(s string, n int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	if strings.IndexByte(s, 0) >= 0 {
-		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
-	}
-	if len(s) <= n {
-		return s
-	}
-	cut := n
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
-}
+func truncateUTF8(s string, n int) string { return field.Storable(s, n) }
 
 // keyPrefix is the part of an idempotency key safe and sufficient for logs.
 func keyPrefix(key string) string {

@@ -21,10 +21,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/aurora-billing/aurora/deliverer"
 	"github.com/aurora-billing/aurora/shared/config"
+	"github.com/aurora-billing/aurora/shared/field"
 	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/aurora-billing/aurora/shared/outbox"
 	stripe "github.com/stripe/stripe-go/v76"
@@ -194,20 +194,7 @@ const MaxAnswerTextBytes = 500
 // Stripe's answer is outside input: one NUL in a message (JSON \u0000)
 // or a header failed the deliverer's whole outcome batch (found by
 // FuzzAnswer).
-func storableText(s string) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	if strings.IndexByte(s, 0) >= 0 {
-		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
-	}
-	if len(s) <= MaxAnswerTextBytes {
-		return s
-	}
-	cut := MaxAnswerTextBytes
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
-}
+func storableText(s string) string { return field.Storable(s, MaxAnswerTextBytes) }
 
 // transportMessage keeps the error's kind but not URLs with parameters.
 func transportMessage(err error) string {

@@ -124,3 +124,24 @@ func MetadataValue(v string) string {
 	}
 	return Text(v, 4*MaxMetadataValueChars)
 }
+
+// Storable returns s as Postgres text can hold it, for texts aurora stores
+// but does not judge (a provider's error message, a header): invalid UTF-8
+// and NUL become U+FFFD (a replacement, not a deletion, so no new code or
+// message can appear), then s is cut to at most maxBytes without splitting
+// a character. One value Postgres refuses fails a whole batched statement,
+// so every such text goes through here.
+func Storable(s string, maxBytes int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	}
+	if len(s) <= maxBytes {
+		return s
+	}
+	cut := maxBytes
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
