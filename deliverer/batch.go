@@ -11,8 +11,15 @@ import (
 // one statement for all of them. A call is a lane's group of items and is
 // never split. An idle deliverer pays no added latency; a busy one pays one
 // Postgres round trip (and one WAL flush) per batch instead of per item.
-// batchRunners runners of each kind run in parallel.
-const batchRunners = 4
+// batchRunners runners of each kind run in parallel. Fewer runners make
+// fuller batches: a statement's fixed cost (~0.4 ms for a claim, ~0.7 ms
+// for an outcome write, measured with pg_stat_statements on the demo) is
+// paid once for what queued while the previous one ran. With 4 runners the
+// stream demo claimed ~20 items a statement; with 2, ~45, for 2-21 % more
+// items/s and 10-15 % less Postgres CPU; 1 was a few per cent better still,
+// but one statement stuck on a row lock would then stall every lane of the
+// process (BENCHMARKS.md, "Batch runners").
+const batchRunners = 2
 
 // statementTimeout bounds one batched statement.
 const statementTimeout = 30 * time.Second
