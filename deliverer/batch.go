@@ -15,8 +15,8 @@ import (
 // fuller batches: a statement's fixed cost (~0.4 ms for a claim, ~0.7 ms
 // for an outcome write, measured with pg_stat_statements on the demo) is
 // paid once for what queued while the previous one ran. With 4 runners the
-// stream demo claimed ~20 items a statement; with 2, ~45, for 2-21 % more
-// items/s and 10-15 % less Postgres CPU; 1 was a few per cent better still,
+// stream demo claimed ~20 items a statement, with 1 ~69; 2 gave 5-21 % more
+// items/s than 4 and 10-15 % less Postgres CPU; 1 was a few per cent better,
 // but one statement stuck on a row lock would then stall every lane of the
 // process (BENCHMARKS.md, "Batch runners").
 const batchRunners = 2
