@@ -150,23 +150,29 @@ func TestInvoiceWebhooksPublishInvoiceEvents(t *testing.T) {
 	}
 }
 
-// An invoice's amount is a non-negative int64 or absent; anything else
-// present is a refusal naming the field (never the value). The currency
-// stays lenient: a malformed one is announced as absent.
+// An invoice's amount is a non-negative int64 or absent, its currency three
+// ASCII letters (read in lowercase) or absent; anything else present is a
+// refusal naming the field (never the value).
 func TestInvoiceAmountIsReadStrictly(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		raw      string
-		amount   *int64
-		bad      bool
-		currency string
+		raw         string
+		amount      *int64
+		bad         bool
+		currency    string
+		badCurrency bool
 	}{
-		{`{"amount_paid": 1999, "currency": "eur"}`, ptr(int64(1999)), false, "eur"},
-		{`{"amount_paid": 0, "currency": "EUR"}`, ptr(int64(0)), false, ""},
-		{`{"currency": 5}`, nil, false, ""},
-		{`{"amount_paid": -1}`, nil, true, ""},
-		{`{"amount_paid": "12"}`, nil, true, ""},
-		{`{"amount_paid": null}`, nil, true, ""},
+		{`{"amount_paid": 1999, "currency": "eur"}`, ptr(int64(1999)), false, "eur", false},
+		{`{"amount_paid": 0, "currency": "EUR"}`, ptr(int64(0)), false, "eur", false},
+		{`{"amount_paid": 0}`, ptr(int64(0)), false, "", false},
+		{`{"currency": 5}`, nil, false, "", true},
+		{`{"currency": null}`, nil, false, "", true},
+		{`{"currency": "euro"}`, nil, false, "", true},
+		{`{"currency": "e1r"}`, nil, false, "", true},
+		{`{"currency": "\u00e9ur"}`, nil, false, "", true},
+		{`{"amount_paid": -1}`, nil, true, "", false},
+		{`{"amount_paid": "12"}`, nil, true, "", false},
+		{`{"amount_paid": null}`, nil, true, "", false},
 	} {
 		var o struct {
 			AmountPaid json.RawMessage `json:"amount_paid"`
@@ -180,8 +186,12 @@ func TestInvoiceAmountIsReadStrictly(t *testing.T) {
 		if tc.bad != (err != nil) || (err != nil && (!errors.As(err, &pe) || pe.Field != "data.object.amount_paid" || pe.Code != ReasonInvalidInvoiceAmount)) {
 			t.Errorf("%s: error %v, want a refusal %v", tc.raw, err, tc.bad)
 		}
-		if (a == nil) != (tc.amount == nil) || (a != nil && *a != *tc.amount) || currencyCode(o.Currency) != tc.currency {
-			t.Errorf("%s: amount %v currency %q", tc.raw, a, currencyCode(o.Currency))
+		cur, cerr := currencyCode(o.Currency, "data.object.currency")
+		if tc.badCurrency != (cerr != nil) || (cerr != nil && (!errors.As(cerr, &pe) || pe.Field != "data.object.currency" || pe.Code != ReasonInvalidInvoiceAmount)) {
+			t.Errorf("%s: currency error %v, want a refusal %v", tc.raw, cerr, tc.badCurrency)
+		}
+		if (a == nil) != (tc.amount == nil) || (a != nil && *a != *tc.amount) || cur != tc.currency {
+			t.Errorf("%s: amount %v currency %q", tc.raw, a, cur)
 		}
 	}
 }
@@ -226,6 +236,9 @@ func TestBadInvoiceAmountIsQuarantinedNotAnnounced(t *testing.T) {
 		{"a boolean", "invoice.paid", "amount_paid", `true`, ReasonInvalidInvoiceAmount, nil},
 		{"an object", "invoice.paid", "amount_paid", `{"value":12}`, ReasonInvalidInvoiceAmount, nil},
 		{"failed: negative amount_due", "invoice.payment_failed", "amount_due", `-1`, ReasonInvalidInvoiceAmount, nil},
+		{"currency a number", "invoice.paid", "currency", `978`, ReasonInvalidInvoiceAmount, nil},
+		{"currency too long", "invoice.paid", "currency", `"euro"`, ReasonInvalidInvoiceAmount, nil},
+		{"currency null", "invoice.paid", "currency", `null`, ReasonInvalidInvoiceAmount, nil},
 		{"good", "invoice.paid", "amount_paid", `1999`, "", float64(1999)},
 		{"zero", "invoice.paid", "amount_paid", `0`, "", float64(0)},
 		{"absent", "invoice.paid", "amount_paid", ``, "", nil},

@@ -30,8 +30,9 @@
 //     projections share the budget; the twelfth attempt dead-letters;
 //   - invalid stored events quarantine at once (unrecognized_stripe_payload);
 //   - an invoice event whose amount_paid (paid) or amount_due (failed) is
-//     present but not a non-negative integer quarantines at once
-//     (invalid_invoice_amount) instead of being announced without it;
+//     present but not a non-negative integer, or whose currency is present
+//     but not three letters, quarantines at once (invalid_invoice_amount)
+//     instead of being announced without it;
 //   - an older subscription event never overwrites a newer one; the same
 //     second with a different state is ambiguous_subscription_order;
 //   - invoice outcomes have their own per-invoice guard and a customer-level

@@ -456,7 +456,11 @@ func parseInvoice(ev *event, obj json.RawMessage) error {
 	if err != nil {
 		return err
 	}
-	ev.Invoice = &invoiceObject{ID: id, Outcome: outcome, SubscriptionID: src, Amount: n, Currency: currencyCode(o.Currency)}
+	cur, err := currencyCode(o.Currency, "data.object.currency")
+	if err != nil {
+		return err
+	}
+	ev.Invoice = &invoiceObject{ID: id, Outcome: outcome, SubscriptionID: src, Amount: n, Currency: cur}
 	return nil
 }
 
@@ -475,16 +479,31 @@ func minorAmount(raw json.RawMessage, field string) (*int64, error) {
 	return &n, nil
 }
 
-// currencyCode reads a three-letter lowercase currency; "" otherwise.
-func currencyCode(raw json.RawMessage) string {
-	var c string
-	if len(raw) == 0 || json.Unmarshal(raw, &c) != nil || len(c) != 3 {
-		return ""
+// currencyCode reads the invoice's currency at field (a JSON path, for the
+// error): "" when raw is absent (len 0), the ISO 4217 code in lowercase when
+// it is a JSON string of three ASCII letters (Stripe sends lowercase; an
+// uppercase code is the same currency), else a *PayloadError with Code
+// ReasonInvalidInvoiceAmount naming field (never the value): an amount in
+// minor units means nothing without its currency, so an announcement never
+// goes out with a currency that was present and unreadable.
+func currencyCode(raw json.RawMessage, field string) (string, error) {
+	if len(raw) == 0 {
+		return "", nil
 	}
-	for i := 0; i < 3; i++ {
-		if c[i] < 'a' || c[i] > 'z' {
-			return ""
+	bad := &PayloadError{Field: field, Reason: "is not a three-letter ISO 4217 currency code", Code: ReasonInvalidInvoiceAmount}
+	var c string
+	if json.Unmarshal(raw, &c) != nil || len(c) != 3 {
+		return "", bad
+	}
+	b := []byte(c)
+	for i, ch := range b {
+		switch {
+		case ch >= 'a' && ch <= 'z':
+		case ch >= 'A' && ch <= 'Z':
+			b[i] = ch + ('a' - 'A')
+		default:
+			return "", bad
 		}
 	}
-	return c
+	return string(b), nil
 }

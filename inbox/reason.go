@@ -33,9 +33,10 @@ const (
 	// ReasonInvalidInvoiceAmount: an invoice event's amount (amount_paid of
 	// a paid invoice, amount_due of a failed one) is present but not a
 	// non-negative integer in the currency's minor unit (negative, a
-	// string, null, a fraction or exponent, beyond int64). Quarantined
-	// immediately: the outcome is neither projected nor announced without
-	// its amount.
+	// string, null, a fraction or exponent, beyond int64), or its currency
+	// is present but not a string of three letters (an amount in minor units
+	// means nothing without it). Quarantined immediately: the outcome is
+	// neither projected nor announced without its amount and currency.
 	ReasonInvalidInvoiceAmount Reason = "invalid_invoice_amount"
 	// ReasonAmbiguousInvoiceOrder: opposite invoice outcomes (paid vs
 	// failed) of one customer in the same Stripe second, of one invoice or
