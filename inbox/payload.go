@@ -205,7 +205,9 @@ func customerOf(data *json.RawMessage) string {
 
 // expandableID reads a Stripe expandable reference: a string id, an
 // expanded object with "id", or null/absent (""). ok is false for any other
-// shape.
+// shape, and for an id no Stripe object has (storableID): such an id would
+// fail the projection's SQL (Postgres text refuses NUL) and be retried to a
+// dead letter, where it is a payload to refuse at once.
 func expandableID(raw json.RawMessage) (id string, ok bool) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
@@ -214,7 +216,7 @@ func expandableID(raw json.RawMessage) (id string, ok bool) {
 	switch raw[0] {
 	case '"':
 		var s string
-		if json.Unmarshal(raw, &s) != nil {
+		if json.Unmarshal(raw, &s) != nil || !storableID(s) {
 			return "", false
 		}
 		return s, true
@@ -222,13 +224,28 @@ func expandableID(raw json.RawMessage) (id string, ok bool) {
 		var o struct {
 			ID *string `json:"id"`
 		}
-		if json.Unmarshal(raw, &o) != nil || o.ID == nil {
+		if json.Unmarshal(raw, &o) != nil || o.ID == nil || !storableID(*o.ID) {
 			return "", false
 		}
 		return *o.ID, true
 	default:
 		return "", false
 	}
+}
+
+// storableID: at most 255 bytes with no control character (NUL among
+// them), space or U+FFFD (what invalid UTF-8 decodes to). Stripe's ids are
+// letters, digits and underscores; this refuses only what cannot be one.
+func storableID(s string) bool {
+	if len(s) > 255 {
+		return false
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) || unicode.IsSpace(r) || r == unicode.ReplacementChar {
+			return false
+		}
+	}
+	return true
 }
 
 func requiredID(raw json.RawMessage, field string) (string, error) {

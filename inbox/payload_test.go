@@ -51,6 +51,12 @@ func TestParseEventErrors(t *testing.T) {
 		{"subscription price number", `{"id":"evt","type":"customer.subscription.updated","created":1,"data":{"object":{"id":"sub_1","customer":"c","status":"active","items":{"data":[{"price":7}]}}}}`, "data.object.items.data[0].price"},
 		{"checkout tenant contradiction", `{"id":"evt","type":"checkout.session.completed","created":1,"data":{"object":{"id":"cs_1","customer":"c","client_reference_id":"t1","metadata":{"aurora_tenant":"t2"}}}}`, "data.object.client_reference_id"},
 		{"checkout tenant control char", `{"id":"evt","type":"checkout.session.completed","created":1,"data":{"object":{"id":"cs_1","customer":"c","client_reference_id":"t\u0001"}}}`, "data.object.client_reference_id"},
+		{"NUL in the invoice id", `{"id":"evt","type":"invoice.paid","created":1,"data":{"object":{"id":"in_\u0000","customer":"c"}}}`, "data.object.id"},
+		{"NUL in an expanded subscription", `{"id":"evt","type":"invoice.paid","created":1,"data":{"object":{"id":"in_1","customer":"c","subscription":{"id":"sub_\u0000"}}}}`, "data.object.subscription"},
+		{"NUL in the parent's subscription", `{"id":"evt","type":"invoice.paid","created":1,"data":{"object":{"id":"in_1","customer":"c","parent":{"subscription_details":{"subscription":"sub_\u0000"}}}}}`, "data.object.parent.subscription_details.subscription"},
+		{"NUL in the subscription id", `{"id":"evt","type":"customer.subscription.updated","created":1,"data":{"object":{"id":"sub_\u0000","customer":"c","status":"active"}}}`, "data.object.id"},
+		{"NUL in a price id", `{"id":"evt","type":"customer.subscription.updated","created":1,"data":{"object":{"id":"sub_1","customer":"c","status":"active","items":{"data":[{"price":{"id":"price_\u0000"}}]}}}}`, "data.object.items.data[0].price"},
+		{"invalid UTF-8 in a customer", "{\"id\":\"evt\",\"type\":\"invoice.paid\",\"created\":1,\"data\":{\"object\":{\"id\":\"in_1\",\"customer\":\"cus_\xff\"}}}", "data.object.customer"},
 		{"checkout metadata empty", `{"id":"evt","type":"checkout.session.completed","created":1,"data":{"object":{"id":"cs_1","customer":"c","metadata":{"aurora_tenant":""}}}}`, "data.object.metadata.aurora_tenant"},
 	}
 	for _, tc := range tests {
