@@ -210,7 +210,7 @@ func readEnvelope(body []byte) (Received, error) {
 	if t, ok := eventCreated(env.Created); ok {
 		rec.Created = &t
 	}
-	rec.Customer, _ = expandableID(env.Data.Object.Customer)
+	rec.Customer, _ = referenceID(env.Data.Object.Customer)
 	for _, f := range []struct{ name, reason string }{
 		{"id", field.Text(rec.EventID, field.MaxStripeIDBytes)},
 		{"type", field.OptionalText(rec.Type, field.MaxStripeIDBytes)},

@@ -203,12 +203,23 @@ func customerOf(data *json.RawMessage) string {
 	return id
 }
 
-// expandableID reads a Stripe expandable reference: a string id, an
-// expanded object with "id", or null/absent (""). ok is false for any other
-// shape, and for an id no Stripe object has (storableID): such an id would
-// fail the projection's SQL (Postgres text refuses NUL) and be retried to a
-// dead letter, where it is a payload to refuse at once.
+// expandableID reads a Stripe expandable reference (referenceID) and
+// refuses (ok false) an id no Stripe object has (storableID): such an id
+// would fail the projection's SQL (Postgres text refuses NUL) and be
+// retried to a dead letter, where it is a payload to refuse at once.
 func expandableID(raw json.RawMessage) (id string, ok bool) {
+	id, ok = referenceID(raw)
+	if !ok || !storableID(id) {
+		return "", false
+	}
+	return id, true
+}
+
+// referenceID reads a Stripe expandable reference as sent: a string id, an
+// expanded object with "id", or null/absent (""). ok is false for any other
+// shape. The webhook handler reads the customer with it and answers an
+// unstorable one 422 itself (nothing stored).
+func referenceID(raw json.RawMessage) (id string, ok bool) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return "", true
@@ -216,7 +227,7 @@ func expandableID(raw json.RawMessage) (id string, ok bool) {
 	switch raw[0] {
 	case '"':
 		var s string
-		if json.Unmarshal(raw, &s) != nil || !storableID(s) {
+		if json.Unmarshal(raw, &s) != nil {
 			return "", false
 		}
 		return s, true
@@ -224,7 +235,7 @@ func expandableID(raw json.RawMessage) (id string, ok bool) {
 		var o struct {
 			ID *string `json:"id"`
 		}
-		if json.Unmarshal(raw, &o) != nil || o.ID == nil || !storableID(*o.ID) {
+		if json.Unmarshal(raw, &o) != nil || o.ID == nil {
 			return "", false
 		}
 		return *o.ID, true
