@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/aurora-billing/aurora/shared/field"
 )
 
 // ErrUnrecognizedPayload is wrapped by every *PayloadError.
@@ -204,12 +206,14 @@ func customerOf(data *json.RawMessage) string {
 }
 
 // expandableID reads a Stripe expandable reference (referenceID) and
-// refuses (ok false) an id no Stripe object has (storableID): such an id
-// would fail the projection's SQL (Postgres text refuses NUL) and be
-// retried to a dead letter, where it is a payload to refuse at once.
+// refuses (ok false) an id aurora could not store (field.OptionalText with
+// field.MaxStripeIDBytes: NUL or another control character, invalid UTF-8,
+// over 255 bytes): such an id would fail the projection's SQL (Postgres
+// text refuses NUL) and be retried to a dead letter, where it is a payload
+// to refuse at once.
 func expandableID(raw json.RawMessage) (id string, ok bool) {
 	id, ok = referenceID(raw)
-	if !ok || !storableID(id) {
+	if !ok || field.OptionalText(id, field.MaxStripeIDBytes) != "" {
 		return "", false
 	}
 	return id, true
@@ -242,21 +246,6 @@ func referenceID(raw json.RawMessage) (id string, ok bool) {
 	default:
 		return "", false
 	}
-}
-
-// storableID: at most 255 bytes with no control character (NUL among
-// them), space or U+FFFD (what invalid UTF-8 decodes to). Stripe's ids are
-// letters, digits and underscores; this refuses only what cannot be one.
-func storableID(s string) bool {
-	if len(s) > 255 {
-		return false
-	}
-	for _, r := range s {
-		if unicode.IsControl(r) || unicode.IsSpace(r) || r == unicode.ReplacementChar {
-			return false
-		}
-	}
-	return true
 }
 
 func requiredID(raw json.RawMessage, field string) (string, error) {
