@@ -207,6 +207,15 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 	if !o.KeepDatabase {
 		defer drop()
 	}
+	if o.Progress != nil {
+		// Named up front: a kill -9 skips the drop, and the summary that
+		// names it is never printed.
+		what := "dropped at the end; if the demo is killed, DROP DATABASE it"
+		if o.KeepDatabase {
+			what = "kept"
+		}
+		fmt.Fprintf(o.Progress, "aurora: demo: database %s (%s)\n", dbName, what)
+	}
 	if _, err := migrations.Up(ctx, dbURL); err != nil {
 		return nil, err
 	}

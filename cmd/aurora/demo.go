@@ -244,12 +244,12 @@ func environ() map[string]string {
 
 func printSummary(cmd *cobra.Command, s *demo.Summary, kept bool) {
 	w := cmd.OutOrStdout()
-	fmt.Fprintf(w, "aurora demo — input %s, provider %s", s.Input, s.Provider)
+	fmt.Fprintf(w, "aurora demo — input %s, provider %s, exporter %s", s.Input, s.Provider, s.Exporter)
 	if s.Faults != "" {
 		fmt.Fprintf(w, " (faults %s)", s.Faults)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "  usage events      %d from %d tenants (%d malformed lines, %d events refused)\n", s.UsageEvents, s.Tenants, s.MalformedLines, s.RejectedEvents)
+	fmt.Fprintf(w, "  usage events      %d read from %d tenants (%d malformed lines skipped; %d of the events refused by the usage API, not staged)\n", s.UsageEvents, s.Tenants, s.MalformedLines, s.RejectedEvents)
 	for _, m := range s.FirstMalformed {
 		fmt.Fprintf(w, "    line %d: %s\n", m.Line, m.Reason)
 	}
