@@ -65,7 +65,7 @@ type Request struct {
 	CustomerKey string    // payload key of the customer, meter_mappings.customer_key
 	ValueKey    string    // payload key of the value, meter_mappings.value_key
 	Customer    string    // tenant_billing.stripe_customer; never logged
-	Value       int64     // outbox_items.quantity (≥ 0; negative ones are quarantined before)
+	Value       int64     // outbox_items.quantity, or a correction's planned value (≥ 0 either way: correction.go)
 	Timestamp   time.Time // outbox_items.occurred_at, sent as Unix seconds
 }
 
