@@ -2,6 +2,7 @@ package deliverer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -33,7 +34,10 @@ import (
 //   - not_cancellable: quarantined negative_quantity with the plan's
 //     reason (no customer data): a person credits it.
 //
-// A plan that cannot be read (database error) is a retry with backoff.
+// A plan that cannot be read (database error) is a retry with backoff. A
+// correction item without its usage_events record (staged on the outbox
+// directly) is sent as it stands when positive and quarantined
+// negative_quantity when negative: there is no record to cancel from.
 
 // Rules of the deliverer's own correction decisions (outbox_attempts.error_code
 // and the Result.Rule of the record).
@@ -49,6 +53,14 @@ func (d *Deliverer) correct(ctx context.Context, cr claimResult) record {
 	c := cr.Item
 	now := cr.Now
 	plan, err := d.plan(ctx, c, &now)
+	switch {
+	case errors.Is(err, usage.ErrNotCorrection) && c.Item.Quantity >= 0:
+		// No usage_events record (staged directly on the outbox): a
+		// positive correction is its compensating event as it stands.
+		plan, err = usage.CorrectionPlan{Action: usage.CorrectionSendEvent, Value: c.Item.Quantity}, nil
+	case errors.Is(err, usage.ErrNotCorrection):
+		plan, err = usage.CorrectionPlan{Action: usage.CorrectionNotCancellable, Why: "no correction record names the record to cancel"}, nil
+	}
 	if err != nil {
 		d.m.errors.WithLabelValues("correction_plan").Inc()
 		d.log.Error("deliverer: correction plan failed; retried", "item", c.ItemID, "err", err)
