@@ -3,6 +3,7 @@ package stripeexport
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/aurora-billing/aurora/deliverer"
@@ -102,10 +103,10 @@ func CancelRules() []Rule {
 			Why: "the key is not valid for the account", Match: status(401, 403)},
 		{Name: "cancel_window_passed", When: "400/404 with code " + AdjustmentWindowPassedCode, Outcome: deliverer.OutcomeQuarantined, Reason: outbox.ReasonNegativeQuantity,
 			Why: "Stripe received the event more than 24 h ago: a person credits the correction", Match: code(bad, AdjustmentWindowPassedCode)},
-		{Name: "cancel_meter_unknown", When: "400/404 with code no_meter or archived_meter, or parameter_invalid on event_name", Outcome: deliverer.OutcomeQuarantined, Reason: outbox.ReasonProviderConfiguration,
+		{Name: "cancel_meter_unknown", When: "400/404 with code no_meter or archived_meter, or a parameter_invalid_* code on param event_name", Outcome: deliverer.OutcomeQuarantined, Reason: outbox.ReasonProviderConfiguration,
 			Why: "the mapping's event_name is not the cancelled event's meter",
 			Match: func(a Answer) bool {
-				return code(bad, "no_meter", "archived_meter")(a) || (code(bad, "parameter_invalid")(a) && a.Param == "event_name")
+				return code(bad, "no_meter", "archived_meter")(a) || (slices.Contains(bad, a.Status) && strings.HasPrefix(a.Code, "parameter_invalid") && a.Param == "event_name")
 			}},
 		{Name: "cancel_identifier_unknown", When: "400/404 with code resource_missing", Outcome: deliverer.OutcomeQuarantined, Reason: outbox.ReasonNegativeQuantity,
 			Why: "Stripe has no event with the corrected record's identifier: nothing to cancel automatically", Match: code(bad, "resource_missing")},
