@@ -186,7 +186,10 @@ func TestCorrectionWaitSpendsNoAttempt(t *testing.T) {
 	for i := range 4 { // more waits than the attempts limit
 		before := h.get(corr.ID)
 		h.publish(corr.ID)
-		h.await("wait recorded", func() bool { r := h.get(corr.ID); return r.State == outbox.StatePending && r.Dispatch > before.Dispatch })
+		h.await("wait recorded", func() bool {
+			r := h.get(corr.ID)
+			return r.State == outbox.StatePending && r.Dispatch > before.Dispatch
+		})
 		r := h.get(corr.ID)
 		if r.Attempts != 0 || r.FirstAttemptAt != nil || r.LastError == nil || !strings.HasPrefix(*r.LastError, "correction_wait: ") {
 			t.Fatalf("wait %d: attempts %d, first attempt %v, last_error %v", i, r.Attempts, r.FirstAttemptAt, r.LastError)
