@@ -115,6 +115,15 @@ func TestCorrectionPlans(t *testing.T) {
 					(c.cancelled && adj[0].IdempotencyKey != corr.IdempotencyKey+":cancel") {
 					t.Fatalf("%s: cancel requests %+v", c.name, adj)
 				}
+				if c.restated > 0 {
+					route := stripeemulator.RouteMeterEventCreate
+					if via == "stream" {
+						route = stripeemulator.RouteMeterEventStream
+					}
+					if rs := h.emu.RequestsFor(corr.IdempotencyKey); len(rs) != 1 || rs[0].Route != route {
+						t.Fatalf("%s: requests of the correction %+v, want one by %s", c.name, rs, route)
+					}
+				}
 				ev, n = h.applied(corr.IdempotencyKey)
 				if (c.restated == 0) != (n == 0) || (n > 0 && (n != 1 || ev.Value != float64(c.restated) || ev.Cancelled)) {
 					t.Fatalf("%s: under the correction's identifier %+v (%d applied), want %d", c.name, ev, n, c.restated)
