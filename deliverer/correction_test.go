@@ -3,9 +3,12 @@ package deliverer_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/aurora-billing/aurora/deliverer"
+	"github.com/aurora-billing/aurora/deliverer/stripeexport"
 	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/aurora-billing/aurora/shared/usage"
@@ -246,5 +249,81 @@ func TestCorrectionPastCancelWindowQuarantines(t *testing.T) {
 	}
 	if adj := h.adjustments(orig.IdempotencyKey); len(adj) != 0 {
 		t.Fatalf("cancel sent: %+v", adj)
+	}
+}
+
+// silentAfterCancel passes the first cancel to Stripe and, once Stripe
+// answered it, goes silent like a killed process: neither the restate nor
+// an outcome follows until release is closed.
+type silentAfterCancel struct {
+	*stripeexport.Exporter
+	once     sync.Once
+	answered chan struct{}
+	release  chan struct{}
+}
+
+func (s *silentAfterCancel) Cancel(ctx context.Context, r deliverer.CancelRequest) deliverer.Result {
+	res := s.Exporter.Cancel(ctx, r)
+	first := false
+	s.once.Do(func() { first = true })
+	if first {
+		close(s.answered)
+		<-s.release
+	}
+	return res
+}
+
+// Must show: the holder dies between the cancel and the restate. The
+// lease expires, another deliverer claims the correction, replays the
+// cancel under the same Idempotency-Key (Stripe's saved 200, nothing
+// cancelled twice) and sends the restate: applied once; the silent
+// holder's late write is refused by the lease fence.
+func TestCorrectionKilledBetweenCancelAndRestate(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stripeemulator.Faults{})
+	lease := 30 * time.Second
+	ttl := deliverer.WithPinnedTTL(300 * time.Millisecond)
+	at := h.clk.Now().Add(-time.Minute)
+	orig := h.record(usage.Event{Tenant: "org_1", EventID: "e-1", Feature: feature, Quantity: 10, OccurredAt: at})
+	corr := h.record(usage.Event{Tenant: "org_1", EventID: "e-1-fix", Feature: feature, Quantity: -4, OccurredAt: at, CorrectsEventID: "e-1"})
+	v1, err := stripeexport.New(stripeexport.Config{APIKey: testKey, APIBase: h.srv.URL}, 10*time.Second, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	silent := &silentAfterCancel{Exporter: v1, answered: make(chan struct{}), release: make(chan struct{})}
+	d1 := h.startExp(testConfig(), silent, deliverer.WithLease(lease), ttl)
+	h.deliver(orig, outbox.StateAccepted)
+	h.publish(corr.ID)
+	<-silent.answered
+	if ev, _ := h.applied(orig.IdempotencyKey); !ev.Cancelled {
+		t.Fatal("the cancel did not land")
+	}
+	d1.cancel() // stops pulling; its call never returns meanwhile
+
+	h.clk.Advance(lease + time.Second)
+	v1b, err := stripeexport.New(stripeexport.Config{APIKey: testKey, APIBase: h.srv.URL}, 10*time.Second, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.startExp(testConfig(), v1b, deliverer.WithLease(lease), ttl)
+	h.redispatch(corr.ID)
+	final := h.awaitState(corr.ID, outbox.StateAccepted)
+	if final.LeaseToken != 2 {
+		t.Fatalf("accepted with lease token %d, want 2", final.LeaseToken)
+	}
+	close(silent.release)
+	<-d1.done
+	if d1.stale() != 1 {
+		t.Fatalf("silent holder's stale writes %v, want 1", d1.stale())
+	}
+	adj := h.adjustments(orig.IdempotencyKey)
+	if len(adj) < 2 || adj[0].IdempotencyKey != adj[1].IdempotencyKey {
+		t.Fatalf("cancel requests %+v, want the same key each time", adj)
+	}
+	if ev, n := h.applied(corr.IdempotencyKey); n != 1 || ev.Value != 6 {
+		t.Fatalf("restate %+v (%d applied)", ev, n)
+	}
+	if got := h.emu.AppliedTotals()[feature]; got != 6 || len(h.emu.DuplicateApplications()) != 0 {
+		t.Fatalf("applied total %v, duplicates %v", got, h.emu.DuplicateApplications())
 	}
 }
