@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -145,7 +146,7 @@ func (d *Deliverer) attempt(ctx context.Context, msgs []groupMsg, crs []claimRes
 		if cr.Item.Ctx.Exporter != ExporterStream {
 			continue
 		}
-		if grouped {
+		if grouped && cr.Item.Item.SubjectKind != identity.SubjectCorrection {
 			rec, ok := d.precheck(cr)
 			if ok {
 				send = append(send, i)
@@ -194,6 +195,9 @@ func (d *Deliverer) decide(ctx context.Context, cr claimResult) record {
 	rec, ok := d.precheck(cr)
 	if !ok {
 		return rec
+	}
+	if cr.Item.Item.SubjectKind == identity.SubjectCorrection {
+		return d.correct(ctx, cr)
 	}
 	return d.withResult(cr.Item, d.call(ctx, cr.Item))
 }
@@ -253,8 +257,15 @@ func request(c claimed) Request {
 // call sends one request with the provider deadline and records metrics.
 // An exporter that panics is a failed call (uncertain: nobody knows whether
 // it was sent), not a dead process.
-func (d *Deliverer) call(ctx context.Context, c claimed) (res Result) {
+func (d *Deliverer) call(ctx context.Context, c claimed) Result {
 	req := request(c)
+	return d.guarded(ctx, c.ItemID, func(ctx context.Context) Result { return d.exp.Export(ctx, req) })
+}
+
+// guarded runs one provider call f with the provider deadline and records
+// metrics. An exporter that panics is a failed call (uncertain: nobody
+// knows whether it was sent), not a dead process.
+func (d *Deliverer) guarded(ctx context.Context, itemID int64, f func(context.Context) Result) (res Result) {
 	cctx, cancel := context.WithTimeout(ctx, d.s.providerTimeout)
 	defer cancel()
 	d.m.inFlight.Inc()
@@ -263,12 +274,12 @@ func (d *Deliverer) call(ctx context.Context, c claimed) (res Result) {
 	defer func() {
 		if r := recover(); r != nil {
 			d.m.errors.WithLabelValues("panic").Inc()
-			d.log.Error("deliverer: exporter panicked; outcome uncertain", "item", c.ItemID, "panic", fmt.Sprint(r))
+			d.log.Error("deliverer: exporter panicked; outcome uncertain", "item", itemID, "panic", fmt.Sprint(r))
 			res = Result{Outcome: OutcomeUncertain, Rule: "exporter_panic"}
 		}
 		d.m.latency.WithLabelValues(string(res.Outcome)).Observe(time.Since(start).Seconds())
 	}()
-	return sanitize(d.exp.Export(cctx, req))
+	return sanitize(f(cctx))
 }
 
 // callGroup sends a lane's items as one unit (GroupExporter) within one

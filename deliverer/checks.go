@@ -62,8 +62,11 @@ type checkFailure struct {
 //     the cutover watermark of (tenant, feature), else of (”, feature).
 //  6. timestamp_outside_window: occurred_at older than 35 days or more than
 //     5 minutes ahead of the database clock now; never rewritten.
-//  7. negative_quantity: a negative quantity (a correction removing usage);
-//     Stripe meter events cannot carry it.
+//  7. negative_quantity: a negative quantity on an item that is not a
+//     correction; Stripe meter events cannot carry it. A negative
+//     correction is decided by usage.PlanCorrection after these checks
+//     (correction.go): a cancel of the corrected event and a restated
+//     event, a wait, or negative_quantity when it cannot be cancelled.
 func preSend(it checkItem, sc sendContext, keyMode identity.Mode, now time.Time) *checkFailure {
 	switch {
 	case sc.AccountMode == nil || sc.AccountConfirmed == nil:
@@ -89,7 +92,7 @@ func preSend(it checkItem, sc sendContext, keyMode identity.Mode, now time.Time)
 		return &checkFailure{outbox.ReasonTimestampOutsideWindow, fmt.Sprintf("occurred_at %s is more than 35 days before now %s", it.OccurredAt.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))}
 	case it.OccurredAt.After(now.Add(TimestampMaxFuture)):
 		return &checkFailure{outbox.ReasonTimestampOutsideWindow, fmt.Sprintf("occurred_at %s is more than 5 minutes after now %s", it.OccurredAt.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))}
-	case it.Quantity < 0:
+	case it.Quantity < 0 && it.SubjectKind != identity.SubjectCorrection:
 		return &checkFailure{outbox.ReasonNegativeQuantity, "negative quantity: Stripe meter events cannot carry negative values"}
 	default:
 		return nil

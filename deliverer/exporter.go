@@ -65,7 +65,7 @@ type Request struct {
 	CustomerKey string    // payload key of the customer, meter_mappings.customer_key
 	ValueKey    string    // payload key of the value, meter_mappings.value_key
 	Customer    string    // tenant_billing.stripe_customer; never logged
-	Value       int64     // outbox_items.quantity (≥ 0; negative ones are quarantined before)
+	Value       int64     // outbox_items.quantity, or a correction's planned value (≥ 0 either way: correction.go)
 	Timestamp   time.Time // outbox_items.occurred_at, sent as Unix seconds
 }
 
@@ -111,4 +111,25 @@ type Exporter interface {
 type GroupExporter interface {
 	Exporter
 	ExportGroup(ctx context.Context, rs []Request) []Result
+}
+
+// CancelRequest is one meter event cancel (a v1 meter event adjustment of
+// type cancel). Every field is a pure function of the correction item and
+// the item it corrects, so every attempt sends the same bytes.
+type CancelRequest struct {
+	ItemID     int64  // the correction's outbox_items.id, for logs only
+	Account    string // outbox_items.destination_account
+	Key        string // Idempotency-Key: the correction's key + ":cancel" (usage.CorrectionPlan)
+	EventName  string // meter_mappings.event_name of the cancelled event
+	Identifier string // the cancelled event's identifier: the corrected item's key
+}
+
+// Canceller is an exporter that can cancel a meter event Stripe received
+// less than 24 h ago. Both exporters' accounts cancel through Stripe's v1
+// adjustments endpoint (the v2 stream has no adjustments). Cancel must not
+// retry by itself and must honour ctx's deadline. A cancel Stripe already
+// applied (a replay of the same Idempotency-Key, or an identifier already
+// cancelled) is OutcomeAccepted.
+type Canceller interface {
+	Cancel(ctx context.Context, r CancelRequest) Result
 }

@@ -348,6 +348,11 @@ type record struct {
 	RetryDelay time.Duration // OutcomeRetry only
 	LastError  string        // "" keeps the row's last_error
 	Result     Result
+	// Wait (OutcomeRetry only): a correction waiting for the record it
+	// corrects (correction.go). The claim's attempt is given back:
+	// attempts - 1, and first_attempt_at cleared when no attempt is left,
+	// so waiting never counts toward the attempts limit or the horizon.
+	Wait bool
 }
 
 // recordQuery leaves leased for a batch in one statement (one round trip),
@@ -362,9 +367,10 @@ WITH clk AS (SELECT coalesce(@now::timestamptz, now()) AS now),
 rec AS (
     SELECT * FROM unnest(@ids::bigint[], @tokens::bigint[], @states::text[], @reasons::text[], @delays::interval[],
                          @last_errors::text[], @provider_refs::text[], @outcomes::text[], @http_statuses::int[],
-                         @request_ids::text[], @codes::text[], @messages::text[], @attempts::int[], @started::timestamptz[])
+                         @request_ids::text[], @codes::text[], @messages::text[], @attempts::int[], @started::timestamptz[],
+                         @waits::bool[])
         AS r(id, token, state, reason, delay, last_error, provider_ref, outcome, http_status, request_id, code, msg,
-             attempt, started)
+             attempt, started, wait)
 ),
 upd AS (
     UPDATE outbox_items o SET
@@ -373,6 +379,8 @@ upd AS (
         lease_expires_at = NULL,
         next_attempt_at = CASE WHEN r.state = 'pending' THEN clk.now + r.delay ELSE o.next_attempt_at END,
         dispatch = CASE WHEN r.state = 'pending' THEN o.dispatch + 1 ELSE o.dispatch END,
+        attempts = CASE WHEN r.wait THEN greatest(o.attempts - 1, 0) ELSE o.attempts END,
+        first_attempt_at = CASE WHEN r.wait AND o.attempts <= 1 THEN NULL ELSE o.first_attempt_at END,
         last_error = coalesce(r.last_error, o.last_error),
         provider_ref = coalesce(r.provider_ref, o.provider_ref)
     FROM rec r CROSS JOIN clk
@@ -414,6 +422,7 @@ func (p recordParams) args() pgx.NamedArgs {
 		make([]*string, n), make([]*string, n), make([]*string, n)
 	statuses := make([]*int32, n)
 	attempts, started := make([]int32, n), make([]time.Time, n)
+	waits := make([]bool, n)
 	str := func(s string) *string {
 		if s == "" {
 			return nil
@@ -424,6 +433,7 @@ func (p recordParams) args() pgx.NamedArgs {
 		ids[i], tokens[i] = r.Item.ItemID, r.Item.LeaseToken
 		attempts[i], started[i] = r.Item.Attempts, r.Item.LeasedAt
 		states[i], outcomes[i] = string(r.Outcome.nextState()), string(r.Outcome)
+		waits[i] = r.Wait && r.Outcome == OutcomeRetry
 		delays[i] = r.RetryDelay
 		if r.Outcome == OutcomeQuarantined {
 			reasons[i] = str(string(r.Reason))
@@ -442,7 +452,7 @@ func (p recordParams) args() pgx.NamedArgs {
 	}
 	return pgx.NamedArgs{"now": p.Now, "ids": ids, "tokens": tokens, "states": states, "reasons": reasons, "delays": delays,
 		"last_errors": lastErrs, "provider_refs": refs, "outcomes": outcomes, "http_statuses": statuses,
-		"request_ids": reqIDs, "codes": codes, "messages": msgs, "attempts": attempts, "started": started}
+		"request_ids": reqIDs, "codes": codes, "messages": msgs, "attempts": attempts, "started": started, "waits": waits}
 }
 
 // recordOutcomes runs recordQuery. It returns one error per record (nil, or

@@ -162,13 +162,14 @@ func TestCutoverThroughRelayAndDeliverer(t *testing.T) {
 
 	// The source switch, then recording-era corrections. The deliverer
 	// sends a positive correction as a compensating event; a negative one
-	// it quarantines negative_quantity (it does not run the cancel path of
-	// usage.PlanCorrection), so that unit stays visible and unbilled.
+	// (usage.PlanCorrection, 10 h after its record reached Stripe) cancels
+	// the corrected event and restates 7 − 2 under its own identifier.
 	r.Sources = usage.Sources{"api_calls": usage.SourceEvents}
 	p.gate.Sources = r.Sources
 	p.clk.Advance(time.Hour)
 	p.correct("org_a", "fix-up", bigOct, 1, watermark.Add(9*time.Hour))
 	p.correct("org_b", "fix-down", firstRecorded, -2, watermark.Add(time.Minute))
+	p.settle() // inside the 23 h cancel window of firstRecorded
 	p.clk.Advance(24 * time.Hour)
 	p.use("org_b", 5, 0)
 	if res := p.report(r); res.Staged != 0 {
@@ -189,7 +190,7 @@ func TestCutoverThroughRelayAndDeliverer(t *testing.T) {
 		before := it.PeriodStart.Before(watermark)
 		switch {
 		case it.SubjectRef == "correction:fix-down":
-			if it.State != outbox.StateQuarantined || *it.QuarantineReason != outbox.ReasonNegativeQuantity {
+			if it.State != outbox.StateAccepted {
 				t.Errorf("negative correction: %s %v", it.State, it.QuarantineReason)
 			}
 		case it.SubjectKind == identity.SubjectUsageWindow:
@@ -217,7 +218,6 @@ func TestCutoverThroughRelayAndDeliverer(t *testing.T) {
 	if dups := p.emu.DuplicateApplications(); len(dups) != 0 {
 		t.Errorf("identifiers applied twice: %v", dups)
 	}
-	p.recorded["org_b"] += 2 // the quarantined −2 is an operator's to credit, not billed
 	billed := p.billed()
 	var total int64
 	for tenant, want := range p.recorded {

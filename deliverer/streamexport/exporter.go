@@ -511,7 +511,19 @@ type Router struct {
 var (
 	_ deliverer.Exporter      = Router{}
 	_ deliverer.GroupExporter = Router{}
+	_ deliverer.Canceller     = Router{}
 )
+
+// Cancel cancels a meter event through V1 for either exporter's accounts:
+// the v2 stream has no adjustments, and Stripe cancels a stream event by
+// its identifier like a v1 one. A V1 that cannot cancel quarantines
+// provider_configuration (rule cancel_unsupported).
+func (r Router) Cancel(ctx context.Context, req deliverer.CancelRequest) deliverer.Result {
+	if c, ok := r.V1.(deliverer.Canceller); ok {
+		return c.Cancel(ctx, req)
+	}
+	return deliverer.Result{Outcome: deliverer.OutcomeQuarantined, Reason: outbox.ReasonProviderConfiguration, Rule: "cancel_unsupported"}
+}
 
 // Name returns V1's name (both serve outbox.DefaultExporter).
 func (r Router) Name() string { return r.V1.Name() }

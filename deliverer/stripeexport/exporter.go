@@ -29,6 +29,7 @@ import (
 	"github.com/aurora-billing/aurora/shared/outbox"
 	stripe "github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/billing/meterevent"
+	"github.com/stripe/stripe-go/v76/billing/metereventadjustment"
 )
 
 // DefaultAPIBase is Stripe's API.
@@ -69,12 +70,17 @@ func (c Config) Validate() error {
 
 // Exporter is the stripe-go meter event client. Safe for concurrent use.
 type Exporter struct {
-	client meterevent.Client
-	mode   identity.Mode
-	rules  []Rule // Rules, built once
+	client  meterevent.Client
+	adjust  metereventadjustment.Client
+	mode    identity.Mode
+	rules   []Rule // Rules, built once
+	cancels []Rule // CancelRules, built once
 }
 
-var _ deliverer.Exporter = (*Exporter)(nil)
+var (
+	_ deliverer.Exporter  = (*Exporter)(nil)
+	_ deliverer.Canceller = (*Exporter)(nil)
+)
 
 // New returns an Exporter for cfg. timeout is the HTTP client's timeout
 // (seconds-scale; the deliverer's per-call deadline applies too);
@@ -99,7 +105,8 @@ func newExporter(cfg Config, timeout time.Duration, tr http.RoundTripper) *Expor
 		HTTPClient:        &http.Client{Timeout: timeout, Transport: observer{next: tr}},
 		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
 	})
-	return &Exporter{client: meterevent.Client{B: backend, Key: cfg.APIKey}, mode: KeyMode(cfg.APIKey), rules: Rules()}
+	return &Exporter{client: meterevent.Client{B: backend, Key: cfg.APIKey}, adjust: metereventadjustment.Client{B: backend, Key: cfg.APIKey},
+		mode: KeyMode(cfg.APIKey), rules: Rules(), cancels: CancelRules()}
 }
 
 // Name returns outbox.DefaultExporter.
