@@ -51,7 +51,9 @@ type Report struct {
 	AcceptMax   float64   `json:"stage_to_accepted_max_seconds"`
 	// Exits: processes that exited without the harness killing them
 	// (restarted a second later, as an orchestrator would), by name.
-	Exits          map[string]int `json:"exits_on_their_own"`
+	Exits map[string]int `json:"exits_on_their_own"`
+	// Webhooks: the webhook sender and the inbox checker (inboxcheck.go).
+	Webhooks       *WebhookReport `json:"webhooks,omitempty"`
 	Drained        bool           `json:"drained"`
 	DrainSeconds   float64        `json:"drain_seconds"` // from the end of the load to nothing pending or leased
 	ElapsedSeconds float64        `json:"elapsed_seconds"`
@@ -251,6 +253,9 @@ func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
 	}
 	if float64(rep.Committed) != rep.Applied || prod.committed != rep.Committed {
 		rep.Failures = append(rep.Failures, fmt.Sprintf("quantity: staged %d, committed (accepted) %d, applied %.0f", prod.committed, rep.Committed, rep.Applied))
+	}
+	if err := r.checkInbox(ctx, rep); err != nil {
+		return nil, err
 	}
 	return rep, nil
 }

@@ -53,6 +53,9 @@ type Options struct {
 	// EmulatorFaults: the emulator's fault spec (stripeemulator.ParseFaults),
 	// default "latency=20ms".
 	EmulatorFaults string
+	// WebhookCustomers: customers whose Stripe webhooks the sender plays
+	// to the inboxes (webhooks.go); 0 = 40, negative = none.
+	WebhookCustomers int
 	// DrainTimeout: how long after the last fault everything staged must
 	// reach a state nothing automatic leaves.
 	DrainTimeout time.Duration
@@ -150,6 +153,9 @@ func (o *Options) defaults() {
 	if o.DrainTimeout <= 0 {
 		o.DrainTimeout = d.DrainTimeout
 	}
+	if o.WebhookCustomers == 0 {
+		o.WebhookCustomers = 40
+	}
 }
 
 // ErrInvariant: the checker found a broken guarantee (Report.Failures says
@@ -202,6 +208,8 @@ type run struct {
 	began      time.Time
 
 	recoveries sync.WaitGroup // restarts and SIGCONTs scheduled, not yet run
+
+	wh *inboxes // the inbox processes and the webhook sender (webhooks.go)
 
 	mu     sync.Mutex
 	faults []Fault // injected (executed) faults
@@ -318,6 +326,9 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 		defer wg.Done()
 		r.inject(loadCtx, sched)
 	}()
+	if o.WebhookCustomers > 0 {
+		go r.sendWebhooks(loadCtx, o.WebhookCustomers)
+	}
 	liveDone := make(chan struct{})
 	go r.live(loadCtx, prod, liveDone)
 	wg.Wait()
@@ -348,7 +359,7 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 	}
 	rep.Drained, rep.DrainSeconds = drained, drainSeconds
 	rep.Exits = map[string]int{}
-	for _, p := range append(append(append([]*proc{}, r.nats.nodes...), r.relay), r.dels...) {
+	for _, p := range append(append(append(append([]*proc{}, r.nats.nodes...), r.relay), r.dels...), r.inboxProcs()...) {
 		if n := p.unexpectedExits(); n > 0 {
 			rep.Exits[p.name] = n
 		}
@@ -445,7 +456,10 @@ func (r *run) startServices(ctx context.Context) error {
 			return err
 		}
 	}
-	r.logf("relay and %d deliverers ready", len(r.dels))
+	if err := r.startInboxes(ctx); err != nil {
+		return err
+	}
+	r.logf("relay, %d deliverers and %d inboxes ready", len(r.dels), len(r.inboxProcs()))
 	return nil
 }
 
@@ -453,7 +467,7 @@ func (r *run) startServices(ctx context.Context) error {
 // every service is ready again.
 func (r *run) heal(ctx context.Context) error {
 	r.waitPending()
-	for _, p := range append(append(append([]*proc{}, r.nats.nodes...), r.relay), r.dels...) {
+	for _, p := range append(append(append(append([]*proc{}, r.nats.nodes...), r.relay), r.dels...), r.inboxProcs()...) {
 		switch p.current() {
 		case procStopped:
 			_ = p.signal(sigCont)
@@ -464,7 +478,7 @@ func (r *run) heal(ctx context.Context) error {
 			}
 		}
 	}
-	for _, addr := range append([]string{r.relayHTTP}, r.delHTTP...) {
+	for _, addr := range append(append([]string{r.relayHTTP}, r.delHTTP...), r.inboxAddrs()...) {
 		if err := waitHTTP(ctx, "http://"+addr+"/readyz", 60*time.Second); err != nil {
 			return err
 		}
@@ -516,7 +530,10 @@ func (r *run) live(ctx context.Context, prod *producer, done chan<- struct{}) {
 
 func (r *run) teardown() {
 	r.waitPending()
-	for _, p := range r.dels {
+	if r.wh != nil {
+		r.wh.stop()
+	}
+	for _, p := range append(append([]*proc{}, r.dels...), r.inboxProcs()...) {
 		p.stop(10 * time.Second)
 	}
 	if r.relay != nil {
