@@ -130,6 +130,12 @@ func printReport(r *chaos.Report) {
 	fmt.Fprintf(w, "  staged→accepted  p50 %.2fs, p99 %.2fs, max %.2fs\n", r.AcceptP50, r.AcceptP99, r.AcceptMax)
 	fmt.Fprintf(w, "  exited by itself %v (restarted by the harness)\n", r.Exits)
 	fmt.Fprintf(w, "  drained          %t, %.1fs after the load; run %.0fs\n", r.Drained, r.DrainSeconds, r.ElapsedSeconds)
+	if wh := r.Webhooks; wh != nil {
+		fmt.Fprintf(w, "  webhooks         %d customers, %d events, %d requests, %d answered 2xx, %d failed and retried, %d redeliveries (%d to both inboxes at once), %d same-second pairs, %d scripts abandoned\n",
+			wh.Customers, wh.Events, wh.Requests, wh.Answered2xx, wh.Failed, wh.Redeliveries, wh.Concurrent, wh.SameSecond, wh.Abandoned)
+		fmt.Fprintf(w, "  inbox            2xx without row %d, not stored %d, never 2xx %d, refused %v; drained %t in %.1fs; %d ambiguities expected; %d projection mismatches\n",
+			wh.NoRowAfter2xx, wh.NotStored, wh.Never2xx, wh.Refused, wh.Drained, wh.DrainSeconds, wh.Ambiguities, wh.ProjectionMismatches)
+	}
 	if len(r.Failures) == 0 {
 		fmt.Fprintln(w, "  invariants       every one held")
 	}
