@@ -183,7 +183,7 @@ func (r *run) checkInbox(ctx context.Context, rep *Report) error {
 	wr.ProjectionMismatches = len(mism)
 	if len(mism) > 0 {
 		wr.Mismatches = mism[:min(len(mism), 12)]
-		fail("webhooks: %d projection rows differ from the model of the events sent, e.g. %v", len(mism), wr.Mismatches)
+		fail("webhooks: %d projection rows differ from the model of the events sent, e.g. %v", len(mism), mism[:min(len(mism), 3)])
 	}
 	return nil
 }
