@@ -44,11 +44,13 @@ const (
 )
 
 // Kinds lists every fault kind, in a fixed order (the schedule draws by it).
-var Kinds = []FaultKind{FaultKillOwner, FaultKillDeliverer, FaultStopCont, FaultKillRelay, FaultKillStreamLeader, FaultKillStreamFollower}
+var Kinds = []FaultKind{FaultKillOwner, FaultKillDeliverer, FaultStopCont, FaultKillRelay, FaultKillStreamLeader, FaultKillStreamFollower,
+	FaultKillConsumer, FaultKillReconciler}
 
 // DefaultWeights: the short mode's mix.
 func DefaultWeights() map[FaultKind]float64 {
-	return map[FaultKind]float64{FaultKillOwner: 0.35, FaultKillDeliverer: 0.15, FaultStopCont: 0.25, FaultKillRelay: 0.25}
+	return map[FaultKind]float64{FaultKillOwner: 0.35, FaultKillDeliverer: 0.15, FaultStopCont: 0.25, FaultKillRelay: 0.25,
+		FaultKillConsumer: 0.08, FaultKillReconciler: 0.05}
 }
 
 // Planned is one fault of a schedule: when (offset from the start of the
@@ -99,7 +101,7 @@ func Schedule(seed uint64, span time.Duration, gap [2]time.Duration, weights map
 		}
 		var down time.Duration
 		switch kind {
-		case FaultKillOwner, FaultKillDeliverer:
+		case FaultKillOwner, FaultKillDeliverer, FaultKillConsumer, FaultKillReconciler:
 			down = between(500*time.Millisecond, 3*time.Second)
 		case FaultStopCont:
 			// mostly shorter than the pinned TTL, one in four well past
@@ -222,6 +224,8 @@ func (r *run) choose(ctx context.Context, pl Planned, f *Fault) *proc {
 		}
 	case FaultKillStreamLeader, FaultKillStreamFollower:
 		target = r.streamNode(ctx, pl.Kind == FaultKillStreamLeader, pl.Pick)
+	case FaultKillConsumer, FaultKillReconciler:
+		target = r.chooseEvents(pl)
 	case FaultKillOwner:
 		// The owner of the most hot partitions; while a take-over is
 		// under way nobody may own them yet: wait for one (a bounded

@@ -203,6 +203,8 @@ type run struct {
 
 	recoveries sync.WaitGroup // restarts and SIGCONTs scheduled, not yet run
 
+	ev eventsPart // domain events: the ledger processes, the reconciler (events.go)
+
 	mu     sync.Mutex
 	faults []Fault // injected (executed) faults
 }
@@ -298,6 +300,9 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 	if err := r.startServices(ctx); err != nil {
 		return nil, err
 	}
+	if err := r.startEvents(ctx); err != nil {
+		return nil, err
+	}
 
 	// Load and faults.
 	r.logf("staging %d items over %s (%d hot tenants get %.0f%%), faults every %s–%s", o.Items, o.StageFor, o.HotTenants, 100*o.HotShare, o.FaultGap[0], o.FaultGap[1])
@@ -347,8 +352,11 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	rep.Drained, rep.DrainSeconds = drained, drainSeconds
+	if err := r.checkEvents(ctx, rep, prod.staged()); err != nil {
+		return nil, err
+	}
 	rep.Exits = map[string]int{}
-	for _, p := range append(append(append([]*proc{}, r.nats.nodes...), r.relay), r.dels...) {
+	for _, p := range append(append(append(append([]*proc{}, r.nats.nodes...), r.relay), r.dels...), r.eventProcs()...) {
 		if n := p.unexpectedExits(); n > 0 {
 			rep.Exits[p.name] = n
 		}
@@ -469,7 +477,7 @@ func (r *run) heal(ctx context.Context) error {
 			return err
 		}
 	}
-	return nil
+	return r.healEvents(ctx)
 }
 
 // waitDrained waits until staged items exist and none is pending or
@@ -516,6 +524,7 @@ func (r *run) live(ctx context.Context, prod *producer, done chan<- struct{}) {
 
 func (r *run) teardown() {
 	r.waitPending()
+	r.stopEvents()
 	for _, p := range r.dels {
 		p.stop(10 * time.Second)
 	}
