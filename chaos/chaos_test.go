@@ -132,6 +132,9 @@ func TestChaosShort(t *testing.T) {
 			rep.Items, rep.Faults, rep.FaultsSkipped, rep.Lost, rep.AppliedTwice, rep.Mismatched, rep.Committed, rep.Applied,
 			rep.Overlaps429, rep.Reclaimed, rep.StaleLeases, rep.StaleLeaseWaitP50, rep.StaleLeaseWaitMax, rep.Attempts, rep.LaneWaitP50, rep.LaneWaitMax, rep.AcceptP99, rep.DrainSeconds, rep.Exits)
 	}
+	if rep != nil && rep.Events != nil {
+		t.Logf("events and reconciler: %+v", *rep.Events)
+	}
 	if errors.Is(err, ErrInvariant) {
 		t.Fatalf("invariants broken (seed %d; reproduce: %s): %v", seed, rep.Command, rep.Failures)
 	}

@@ -37,7 +37,7 @@ import (
 
 // InvoiceEvery: the producer publishes one InvoicePaid.v1 for every
 // InvoiceEvery-th staged item (item index i with i % InvoiceEvery == 0).
-const InvoiceEvery = 10
+const InvoiceEvery = 5
 
 // ledgerConsumer is the consumer name both ledger processes run with.
 const ledgerConsumer = "ledger"
@@ -138,7 +138,7 @@ func (r *run) startEvents(ctx context.Context) error {
 		p := &proc{name: fmt.Sprintf("ledger-%d", i), supervise: true, bin: r.o.Bin.Ledger, dir: r.dir,
 			args: []string{"--consumer", ledgerConsumer}, env: env(
 				"AURORA_DATABASE_URL="+r.dbURL, "AURORA_NATS_URL="+r.natsURL,
-				"AURORA_EVENTS_CONSUMER_INTERVAL_MS=1000", "AURORA_EVENTS_CONSUMER_ACK_WAIT_SECONDS=5",
+				"AURORA_EVENTS_CONSUMER_INTERVAL_MS=100", "AURORA_EVENTS_CONSUMER_ACK_WAIT_SECONDS=5",
 				"AURORA_EVENTS_CONSUMER_BACKOFF_BASE_MS=200", "AURORA_EVENTS_CONSUMER_BACKOFF_CAP_MS=2000",
 				"AURORA_EVENTS_STREAM_REPLICAS="+strconv.Itoa(r.o.NATSNodes))}
 		if err := p.start(); err != nil {

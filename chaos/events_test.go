@@ -45,8 +45,8 @@ func TestPublishedIsWhatCommitted(t *testing.T) {
 		id := invoiceID(1, i)
 		r.ev.idByIndex[i], r.ev.amountByID[id] = id, int64(i+1)
 	}
-	if got := len(r.published(21)); got != 3 { // items 0, 10, 20
-		t.Fatalf("%d events for 21 staged items, want 3", got)
+	if got, want := len(r.published(2*InvoiceEvery+1)), 3; got != want { // items 0, InvoiceEvery, 2·InvoiceEvery
+		t.Fatalf("%d events for %d staged items, want %d", got, 2*InvoiceEvery+1, want)
 	}
 	if got := len(r.published(0)); got != 0 {
 		t.Fatalf("%d events for nothing staged", got)
