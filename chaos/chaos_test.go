@@ -132,6 +132,9 @@ func TestChaosShort(t *testing.T) {
 			rep.Items, rep.Faults, rep.FaultsSkipped, rep.Lost, rep.AppliedTwice, rep.Mismatched, rep.Committed, rep.Applied,
 			rep.Overlaps429, rep.Reclaimed, rep.StaleLeases, rep.StaleLeaseWaitP50, rep.StaleLeaseWaitMax, rep.Attempts, rep.LaneWaitP50, rep.LaneWaitMax, rep.AcceptP99, rep.DrainSeconds, rep.Exits)
 	}
+	if rep != nil && rep.Events != nil {
+		t.Logf("events and reconciler: %+v", *rep.Events)
+	}
 	if rep != nil && rep.Webhooks != nil {
 		wh := rep.Webhooks
 		t.Logf("webhooks: customers=%d events=%d requests=%d 2xx=%d failed_retried=%d redeliveries=%d (both inboxes at once %d) same_second_pairs=%d abandoned=%d no_row_after_2xx=%d not_stored=%d never_2xx=%d refused=%v inbox_drained=%t ambiguities=%d projection_mismatches=%d",

@@ -48,12 +48,12 @@ const (
 
 // Kinds lists every fault kind, in a fixed order (the schedule draws by it).
 var Kinds = []FaultKind{FaultKillOwner, FaultKillDeliverer, FaultStopCont, FaultKillRelay, FaultKillStreamLeader, FaultKillStreamFollower,
-	FaultKillInbox}
+	FaultKillConsumer, FaultKillReconciler, FaultKillInbox}
 
 // DefaultWeights: the short mode's mix.
 func DefaultWeights() map[FaultKind]float64 {
 	return map[FaultKind]float64{FaultKillOwner: 0.32, FaultKillDeliverer: 0.13, FaultStopCont: 0.23, FaultKillRelay: 0.22,
-		FaultKillInbox: 0.10}
+		FaultKillConsumer: 0.08, FaultKillReconciler: 0.05, FaultKillInbox: 0.10}
 }
 
 // Planned is one fault of a schedule: when (offset from the start of the
@@ -104,7 +104,7 @@ func Schedule(seed uint64, span time.Duration, gap [2]time.Duration, weights map
 		}
 		var down time.Duration
 		switch kind {
-		case FaultKillOwner, FaultKillDeliverer, FaultKillInbox:
+		case FaultKillOwner, FaultKillDeliverer, FaultKillConsumer, FaultKillReconciler, FaultKillInbox:
 			down = between(500*time.Millisecond, 3*time.Second)
 		case FaultStopCont:
 			// mostly shorter than the pinned TTL, one in four well past
@@ -227,6 +227,8 @@ func (r *run) choose(ctx context.Context, pl Planned, f *Fault) *proc {
 		}
 	case FaultKillStreamLeader, FaultKillStreamFollower:
 		target = r.streamNode(ctx, pl.Kind == FaultKillStreamLeader, pl.Pick)
+	case FaultKillConsumer, FaultKillReconciler:
+		target = r.chooseEvents(pl)
 	case FaultKillInbox:
 		target = r.pickInbox(pl.Pick)
 	case FaultKillOwner:

@@ -209,7 +209,8 @@ type run struct {
 
 	recoveries sync.WaitGroup // restarts and SIGCONTs scheduled, not yet run
 
-	wh *inboxes // the inbox processes and the webhook sender (webhooks.go)
+	wh *inboxes   // the inbox processes and the webhook sender (webhooks.go)
+	ev eventsPart // domain events: the ledger processes, the reconciler (events.go)
 
 	mu     sync.Mutex
 	faults []Fault // injected (executed) faults
@@ -306,6 +307,9 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 	if err := r.startServices(ctx); err != nil {
 		return nil, err
 	}
+	if err := r.startEvents(ctx); err != nil {
+		return nil, err
+	}
 
 	// Load and faults.
 	r.logf("staging %d items over %s (%d hot tenants get %.0f%%), faults every %s–%s", o.Items, o.StageFor, o.HotTenants, 100*o.HotShare, o.FaultGap[0], o.FaultGap[1])
@@ -358,8 +362,11 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	rep.Drained, rep.DrainSeconds = drained, drainSeconds
+	if err := r.checkEvents(ctx, rep, prod.staged()); err != nil {
+		return nil, err
+	}
 	rep.Exits = map[string]int{}
-	for _, p := range append(append(append(append([]*proc{}, r.nats.nodes...), r.relay), r.dels...), r.inboxProcs()...) {
+	for _, p := range append(append(append(append(append([]*proc{}, r.nats.nodes...), r.relay), r.dels...), r.eventProcs()...), r.inboxProcs()...) {
 		if n := p.unexpectedExits(); n > 0 {
 			rep.Exits[p.name] = n
 		}
@@ -483,7 +490,7 @@ func (r *run) heal(ctx context.Context) error {
 			return err
 		}
 	}
-	return nil
+	return r.healEvents(ctx)
 }
 
 // waitDrained waits until staged items exist and none is pending or
@@ -533,6 +540,7 @@ func (r *run) teardown() {
 	if r.wh != nil {
 		r.wh.stop()
 	}
+	r.stopEvents()
 	for _, p := range append(append([]*proc{}, r.dels...), r.inboxProcs()...) {
 		p.stop(10 * time.Second)
 	}

@@ -448,3 +448,47 @@ func (r *run) pickInbox(pick float64) *proc {
 	}
 	return up[int(pick*float64(len(up)))]
 }
+
+// webhookAnnounced is the SQL condition on event_outbox naming the domain
+// events the inbox announced for the sender's customers (aggregates: their
+// subscriptions, tenants and invoices). The domain-event checker leaves
+// them out: it judges the producer's events.
+const webhookAnnounced = `(aggregate_id LIKE 'sub\_chaoswh%' OR aggregate_id LIKE 'wh-tenant-%' OR aggregate_id LIKE 'in\_chaoswh%')`
+
+// dropWebhookEvents removes from the domain-event checker's rows those of
+// events the inbox announced for the sender's customers.
+func (r *run) dropWebhookEvents(ctx context.Context, outbox map[string]string, inbox []inboxRow, posts []postingRow) ([]inboxRow, []postingRow, error) {
+	rows, err := r.pool.Query(ctx, `SELECT event_id::text FROM event_outbox WHERE `+webhookAnnounced)
+	if err != nil {
+		return nil, nil, err
+	}
+	drop := map[string]bool{}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		drop[id] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	for id := range drop {
+		delete(outbox, id)
+	}
+	keptIn := inbox[:0]
+	for _, in := range inbox {
+		if !drop[in.eventID] {
+			keptIn = append(keptIn, in)
+		}
+	}
+	keptPosts := posts[:0]
+	for _, p := range posts {
+		if !drop[p.eventID] {
+			keptPosts = append(keptPosts, p)
+		}
+	}
+	return keptIn, keptPosts, nil
+}
