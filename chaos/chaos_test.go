@@ -29,7 +29,7 @@ func TestScheduleIsSeeded(t *testing.T) {
 		if f.At-prev < gap[0] || f.At-prev > gap[1] || f.At >= 150*time.Second {
 			t.Fatalf("fault at %s after %s: gap out of %v or past the span", f.At, prev, gap)
 		}
-		if f.Down <= 0 || f.Pick < 0 || f.Pick >= 1 {
+		if f.Down < 0 || (f.Down == 0) != (f.Kind == FaultDeleteConsumer) || f.Pick < 0 || f.Pick >= 1 {
 			t.Fatalf("fault %+v: bad downtime or pick", f)
 		}
 		prev = f.At

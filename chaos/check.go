@@ -51,12 +51,26 @@ type Report struct {
 	AcceptMax   float64   `json:"stage_to_accepted_max_seconds"`
 	// Exits: processes that exited without the harness killing them
 	// (restarted a second later, as an orchestrator would), by name.
-	Exits          map[string]int `json:"exits_on_their_own"`
-	Drained        bool           `json:"drained"`
-	DrainSeconds   float64        `json:"drain_seconds"` // from the end of the load to nothing pending or leased
-	ElapsedSeconds float64        `json:"elapsed_seconds"`
-	Failures       []string       `json:"failures"`
-	Dir            string         `json:"dir,omitempty"` // kept work directory (logs)
+	Exits map[string]int `json:"exits_on_their_own"`
+	// StaleOutcomes: items with an outcome written after a later lease
+	// was claimed (invariant 4; must be 0).
+	StaleOutcomes int `json:"stale_outcomes"`
+	// AcceptanceMismatch: accepted items without exactly one accepted
+	// attempt under their current lease_token (invariant 4; must be 0).
+	AcceptanceMismatch int `json:"acceptance_mismatch"`
+	// MessagesStored: messages AURORA_OUTBOX ever stored (its last
+	// sequence); DispatchesPublished: Σ published_dispatch (invariant 5:
+	// stored ≤ published).
+	MessagesStored      int64 `json:"messages_stored"`
+	DispatchesPublished int64 `json:"dispatches_published"`
+	// Recovery by fault kind: from the fault to the first acceptance of
+	// an item staged after it.
+	Recovery       map[FaultKind]Recovery `json:"recovery"`
+	Drained        bool                   `json:"drained"`
+	DrainSeconds   float64                `json:"drain_seconds"` // from the end of the load to nothing pending or leased
+	ElapsedSeconds float64                `json:"elapsed_seconds"`
+	Failures       []string               `json:"failures"`
+	Dir            string                 `json:"dir,omitempty"` // kept work directory (logs)
 }
 
 // LaneWait is one kill of a hot-lane owner: the hot lanes it owned and
@@ -233,6 +247,13 @@ func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
 		rep.AcceptMax = lat[len(lat)-1]
 	}
 	r.laneWaits(rep, items)
+	r.recoveryTimes(rep, items)
+	if err := r.checkFence(ctx, rep); err != nil {
+		return nil, err
+	}
+	if err := r.checkStream(ctx, rep); err != nil {
+		return nil, err
+	}
 
 	if rep.Staged != rep.Items {
 		rep.Failures = append(rep.Failures, fmt.Sprintf("%d items staged, %d outbox rows", rep.Items, rep.Staged))

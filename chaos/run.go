@@ -39,6 +39,9 @@ type Options struct {
 	Weights map[FaultKind]float64
 	// Deliverers: deliverer processes (3).
 	Deliverers int
+	// Relays: relay processes (2); they share the work through FOR UPDATE
+	// SKIP LOCKED.
+	Relays int
 	// LeaseSeconds: the outbox lease (AURORA_OUTBOX_LEASE_SECONDS) the
 	// deliverers run with; an item a killed owner held waits this long.
 	LeaseSeconds int
@@ -75,15 +78,16 @@ func KillTrial(seed uint64) Options {
 	return Options{Seed: seed, Items: 10000, HotTenants: 4, ColdTenants: 40, HotShare: 0.6,
 		StageFor: 120 * time.Second, FaultGap: [2]time.Duration{2 * time.Second, 5 * time.Second},
 		Weights:    map[FaultKind]float64{FaultKillOwner: 0.6, FaultStopCont: 0.2, FaultKillRelay: 0.2},
-		Deliverers: 3, LeaseSeconds: 30, PinnedTTLSeconds: 10, Partitions: 16, NATSNodes: 1, EmulatorFaults: "latency=20ms",
+		Deliverers: 3, Relays: 2, LeaseSeconds: 30, PinnedTTLSeconds: 10, Partitions: 16, NATSNodes: 1, EmulatorFaults: "latency=20ms",
 		DrainTimeout: 3 * time.Minute}
 }
 
 // ShortEmulatorFaults: the emulator's faults in the short mode, besides
-// its 20 ms: 429s and 500s before anything is applied, and answers lost
-// after the event was applied (dropped connection, cut body), each of
+// its 20 ms: 429s and 500s before anything is applied, answers lost
+// after the event was applied (dropped connection, cut body), and
+// requests held until the deliverer's Stripe timeout gives up, each of
 // which the deliverer must retry with the same identifier.
-const ShortEmulatorFaults = "latency=20ms,http429=0.02,http500=0.02,drop-after-apply=0.01,cut-after-apply=0.01"
+const ShortEmulatorFaults = "latency=20ms,http429=0.02,http500=0.02,drop-after-apply=0.01,cut-after-apply=0.01,timeout=0.003"
 
 // Short returns the CI mode: a few thousand items and at least 50 faults
 // in under five minutes.
@@ -124,6 +128,9 @@ func (o *Options) defaults() {
 	}
 	if o.Deliverers <= 0 {
 		o.Deliverers = d.Deliverers
+	}
+	if o.Relays <= 0 {
+		o.Relays = d.Relays
 	}
 	if o.LeaseSeconds <= 0 {
 		o.LeaseSeconds = d.LeaseSeconds
@@ -188,8 +195,8 @@ type run struct {
 	js         jetstream.JetStream
 	emu        *proc
 	emuURL     string
-	relay      *proc
-	relayHTTP  string
+	relays     []*proc
+	relayHTTP  []string
 	dels       []*proc
 	delHTTP    []string
 	pool       *pgxpool.Pool
@@ -348,7 +355,7 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 	}
 	rep.Drained, rep.DrainSeconds = drained, drainSeconds
 	rep.Exits = map[string]int{}
-	for _, p := range append(append(append([]*proc{}, r.nats.nodes...), r.relay), r.dels...) {
+	for _, p := range r.services() {
 		if n := p.unexpectedExits(); n > 0 {
 			rep.Exits[p.name] = n
 		}
@@ -406,20 +413,25 @@ func (r *run) provision(ctx context.Context) (string, error) {
 }
 
 func (r *run) startServices(ctx context.Context) error {
-	port, err := freePort()
-	if err != nil {
-		return err
-	}
-	r.relayHTTP = "127.0.0.1:" + strconv.Itoa(port)
-	r.relay = &proc{name: "relay", supervise: true, bin: r.o.Bin.Aurora, dir: r.dir, args: []string{"relay"}, env: env(
-		"AURORA_DATABASE_URL="+r.dbURL, "AURORA_NATS_URL="+r.natsURL, "AURORA_RELAY_HTTP_ADDR="+r.relayHTTP,
-		"AURORA_RELAY_POLL_MS=200", "AURORA_OUTBOX_PARTITIONS="+strconv.Itoa(r.o.Partitions),
-		"AURORA_OUTBOX_STREAM_REPLICAS="+strconv.Itoa(r.o.NATSNodes), "AURORA_EVENTS_STREAM_REPLICAS="+strconv.Itoa(r.o.NATSNodes))}
-	if err := r.relay.start(); err != nil {
-		return err
-	}
-	if err := waitHTTP(ctx, "http://"+r.relayHTTP+"/readyz", 60*time.Second); err != nil {
-		return err
+	for i := range r.o.Relays {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		p := &proc{name: fmt.Sprintf("relay-%d", i), supervise: true, bin: r.o.Bin.Aurora, dir: r.dir, args: []string{"relay"}, env: env(
+			"AURORA_DATABASE_URL="+r.dbURL, "AURORA_NATS_URL="+r.natsURL, "AURORA_RELAY_HTTP_ADDR="+addr,
+			"AURORA_RELAY_POLL_MS=200", "AURORA_OUTBOX_PARTITIONS="+strconv.Itoa(r.o.Partitions),
+			"AURORA_OUTBOX_STREAM_REPLICAS="+strconv.Itoa(r.o.NATSNodes), "AURORA_EVENTS_STREAM_REPLICAS="+strconv.Itoa(r.o.NATSNodes))}
+		if err := p.start(); err != nil {
+			return err
+		}
+		r.relays = append(r.relays, p)
+		r.relayHTTP = append(r.relayHTTP, addr)
+		// the first relay creates the streams; the others find them
+		if err := waitHTTP(ctx, "http://"+addr+"/readyz", 60*time.Second); err != nil {
+			return err
+		}
 	}
 	for i := range r.o.Deliverers {
 		port, err := freePort()
@@ -445,15 +457,31 @@ func (r *run) startServices(ctx context.Context) error {
 			return err
 		}
 	}
-	r.logf("relay and %d deliverers ready", len(r.dels))
+	r.logf("%d relays and %d deliverers ready", len(r.relays), len(r.dels))
 	return nil
+}
+
+// services returns the supervised processes: the nats-server nodes, the
+// relays and the deliverers.
+func (r *run) services() []*proc {
+	out := append([]*proc{}, r.nats.nodes...)
+	out = append(out, r.relays...)
+	return append(out, r.dels...)
 }
 
 // heal resumes stopped processes and starts dead ones, then waits until
 // every service is ready again.
 func (r *run) heal(ctx context.Context) error {
 	r.waitPending()
-	for _, p := range append(append(append([]*proc{}, r.nats.nodes...), r.relay), r.dels...) {
+	if r.pg.proc.current() == procDown {
+		if err := r.pg.proc.start(); err != nil && r.pg.proc.current() == procDown {
+			return err
+		}
+	}
+	if err := r.pg.waitReady(ctx, 60*time.Second); err != nil {
+		return err
+	}
+	for _, p := range r.services() {
 		switch p.current() {
 		case procStopped:
 			_ = p.signal(sigCont)
@@ -464,7 +492,7 @@ func (r *run) heal(ctx context.Context) error {
 			}
 		}
 	}
-	for _, addr := range append([]string{r.relayHTTP}, r.delHTTP...) {
+	for _, addr := range append(append([]string{}, r.relayHTTP...), r.delHTTP...) {
 		if err := waitHTTP(ctx, "http://"+addr+"/readyz", 60*time.Second); err != nil {
 			return err
 		}
@@ -519,8 +547,8 @@ func (r *run) teardown() {
 	for _, p := range r.dels {
 		p.stop(10 * time.Second)
 	}
-	if r.relay != nil {
-		r.relay.stop(10 * time.Second)
+	for _, p := range r.relays {
+		p.stop(10 * time.Second)
 	}
 	if r.pool != nil {
 		r.pool.Close()
