@@ -63,8 +63,12 @@ type Options struct {
 	// "" = a new temporary one, removed after a green run unless Keep.
 	Dir  string
 	Keep bool
-	// Bin: the binaries; zero = Build them into Dir.
+	// Bin: the binaries; zero = Build them into Dir from Src.
 	Bin Binaries
+	// Src: the aurora source tree the binaries are built from ("" = the
+	// checkout holding the current directory); the planted-bug test builds
+	// a mutated copy.
+	Src string
 	// Command reproduces this run (printed with a failure).
 	Command string
 	// Progress receives a line every few seconds (nil = none).
@@ -100,6 +104,19 @@ func Short(seed uint64) Options {
 	o.LeaseSeconds = 20
 	o.EmulatorFaults = ShortEmulatorFaults
 	o.DrainTimeout = 100 * time.Second
+	return o
+}
+
+// Long returns the release mode: 100,000 items and over 1,000 faults on a
+// three-node JetStream cluster (streams at 3 replicas, the stream leader
+// and followers killed too) in about half an hour.
+func Long(seed uint64) Options {
+	o := Short(seed)
+	o.Items = 100000
+	o.StageFor = 28 * time.Minute
+	o.FaultGap = [2]time.Duration{900 * time.Millisecond, 2 * time.Second}
+	o.NATSNodes = 3
+	o.DrainTimeout = 5 * time.Minute
 	return o
 }
 
@@ -209,6 +226,7 @@ type run struct {
 	began      time.Time
 
 	recoveries sync.WaitGroup // restarts and SIGCONTs scheduled, not yet run
+	notReady   []string       // services not ready after the heal
 
 	mu     sync.Mutex
 	faults []Fault // injected (executed) faults
@@ -254,7 +272,7 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 	o := r.o
 	if o.Bin == (Binaries{}) {
 		r.logf("building cmd/aurora and nats-server into %s", r.dir)
-		b, err := Build(ctx, r.dir)
+		b, err := Build(ctx, r.dir, o.Src)
 		if err != nil {
 			return nil, err
 		}
@@ -360,6 +378,7 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 			rep.Exits[p.name] = n
 		}
 	}
+	rep.Failures = append(append([]string{}, r.notReady...), rep.Failures...)
 	if !drained {
 		rep.Failures = append([]string{fmt.Sprintf("not drained %s after the load: items still pending or leased", o.DrainTimeout)}, rep.Failures...)
 	}
@@ -470,7 +489,8 @@ func (r *run) services() []*proc {
 }
 
 // heal resumes stopped processes and starts dead ones, then waits until
-// every service is ready again.
+// every service is ready again; one that is not within a minute is a
+// failure of the run (run.notReady), not of the harness.
 func (r *run) heal(ctx context.Context) error {
 	r.waitPending()
 	if r.pg.proc.current() == procDown {
@@ -492,9 +512,16 @@ func (r *run) heal(ctx context.Context) error {
 			}
 		}
 	}
-	for _, addr := range append(append([]string{}, r.relayHTTP...), r.delHTTP...) {
+	for i, addr := range append(append([]string{}, r.relayHTTP...), r.delHTTP...) {
 		if err := waitHTTP(ctx, "http://"+addr+"/readyz", 60*time.Second); err != nil {
-			return err
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			name := "deliverer-" + strconv.Itoa(i-len(r.relayHTTP))
+			if i < len(r.relayHTTP) {
+				name = "relay-" + strconv.Itoa(i)
+			}
+			r.notReady = append(r.notReady, fmt.Sprintf("%s not ready 60 s after the heal: %v", name, err))
 		}
 	}
 	return nil
