@@ -59,9 +59,11 @@ type Report struct {
 	// attempt under their current lease_token (invariant 4; must be 0).
 	AcceptanceMismatch int `json:"acceptance_mismatch"`
 	// MessagesStored: messages AURORA_OUTBOX ever stored (its last
-	// sequence); DispatchesPublished: Σ published_dispatch (invariant 5:
-	// stored ≤ published).
+	// sequence); Dispatches: Σ dispatch, the generations there are
+	// (invariant 5: stored ≤ generations); DispatchesPublished: Σ
+	// published_dispatch, the relays' marks (reported only).
 	MessagesStored      int64 `json:"messages_stored"`
+	Dispatches          int64 `json:"dispatches"`
 	DispatchesPublished int64 `json:"dispatches_published"`
 	// Recovery by fault kind: from the fault to the first acceptance of
 	// an item staged after it.

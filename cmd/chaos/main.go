@@ -136,7 +136,7 @@ func printReport(r *chaos.Report) {
 		fmt.Fprintf(w, "  stream leader    %d kills; a new AURORA_OUTBOX leader after (s) %v\n", len(r.NewLeader), r.NewLeader)
 	}
 	fmt.Fprintf(w, "  lease fence      %d stale outcomes, %d accepted items without one accepted attempt at their lease\n", r.StaleOutcomes, r.AcceptanceMismatch)
-	fmt.Fprintf(w, "  stream           %d messages stored for %d published dispatches\n", r.MessagesStored, r.DispatchesPublished)
+	fmt.Fprintf(w, "  stream           %d messages stored for %d dispatches (%d marked published)\n", r.MessagesStored, r.Dispatches, r.DispatchesPublished)
 	var rk []string
 	for k := range r.Recovery {
 		rk = append(rk, string(k))
