@@ -132,6 +132,9 @@ func TestChaosShort(t *testing.T) {
 		js, _ := json.Marshal(rep)
 		t.Logf("report: %s", js)
 	}
+	if rep != nil && rep.Events != nil {
+		t.Logf("events and reconciler: %+v", *rep.Events)
+	}
 	if errors.Is(err, ErrInvariant) {
 		t.Fatalf("invariants broken (seed %d; reproduce: %s): %v", seed, rep.Command, rep.Failures)
 	}

@@ -72,7 +72,9 @@ type Report struct {
 	DrainSeconds   float64                `json:"drain_seconds"` // from the end of the load to nothing pending or leased
 	ElapsedSeconds float64                `json:"elapsed_seconds"`
 	Failures       []string               `json:"failures"`
-	Dir            string                 `json:"dir,omitempty"` // kept work directory (logs)
+	// Events: domain events and the reconciler (eventscheck.go).
+	Events *EventsReport `json:"events,omitempty"`
+	Dir    string        `json:"dir,omitempty"` // kept work directory (logs)
 }
 
 // LaneWait is one kill of a hot-lane owner: the hot lanes it owned and

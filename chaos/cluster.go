@@ -23,10 +23,11 @@ import (
 type Binaries struct {
 	Aurora     string // cmd/aurora: relay, deliverer, stripe-emulator
 	NATSServer string // nats-server at the version go.mod pins (pinned consumers need ≥ 2.11)
+	Ledger     string // examples/ledger: the domain-event consumer
 }
 
-// Build compiles cmd/aurora and nats-server (the version the module
-// requires) into dir with the go tool found on PATH, from the source tree
+// Build compiles cmd/aurora, examples/ledger and nats-server (the version
+// the module requires) into dir with the go tool found on PATH, from the source tree
 // src (the root of an aurora checkout; "" = the module holding the current
 // directory). Errors carry the go tool's output.
 func Build(ctx context.Context, dir, src string) (Binaries, error) {
@@ -38,8 +39,8 @@ func Build(ctx context.Context, dir, src string) (Binaries, error) {
 		}
 		root = filepath.Dir(strings.TrimSpace(string(out)))
 	}
-	b := Binaries{Aurora: filepath.Join(dir, "aurora"), NATSServer: filepath.Join(dir, "nats-server")}
-	for _, t := range []struct{ out, pkg string }{{b.Aurora, "./cmd/aurora"}, {b.NATSServer, "github.com/nats-io/nats-server/v2"}} {
+	b := Binaries{Aurora: filepath.Join(dir, "aurora"), NATSServer: filepath.Join(dir, "nats-server"), Ledger: filepath.Join(dir, "ledger")}
+	for _, t := range []struct{ out, pkg string }{{b.Aurora, "./cmd/aurora"}, {b.Ledger, "./examples/ledger"}, {b.NATSServer, "github.com/nats-io/nats-server/v2"}} {
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", t.out, t.pkg)
 		cmd.Dir = root
 		if msg, err := cmd.CombinedOutput(); err != nil {

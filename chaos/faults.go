@@ -68,12 +68,13 @@ const (
 
 // Kinds lists every fault kind, in a fixed order (the schedule draws by it).
 var Kinds = []FaultKind{FaultKillOwner, FaultKillDeliverer, FaultStopCont, FaultKillRelay, FaultKillStreamLeader, FaultKillStreamFollower,
-	FaultStopLong, FaultKillPostgres, FaultRestartNATS, FaultFreezeNATS, FaultDeleteConsumer}
+	FaultStopLong, FaultKillPostgres, FaultRestartNATS, FaultFreezeNATS, FaultDeleteConsumer, FaultKillConsumer, FaultKillReconciler}
 
 // DefaultWeights: the short mode's mix.
 func DefaultWeights() map[FaultKind]float64 {
-	return map[FaultKind]float64{FaultKillOwner: 0.25, FaultKillDeliverer: 0.1, FaultStopCont: 0.2, FaultKillRelay: 0.2,
-		FaultStopLong: 0.03, FaultKillPostgres: 0.08, FaultRestartNATS: 0.05, FaultFreezeNATS: 0.04, FaultDeleteConsumer: 0.05}
+	return map[FaultKind]float64{FaultKillOwner: 0.23, FaultKillDeliverer: 0.09, FaultStopCont: 0.17, FaultKillRelay: 0.17,
+		FaultStopLong: 0.03, FaultKillPostgres: 0.07, FaultRestartNATS: 0.04, FaultFreezeNATS: 0.03, FaultDeleteConsumer: 0.04,
+		FaultKillConsumer: 0.08, FaultKillReconciler: 0.05}
 }
 
 // stopLongPast: how far past the lease a stop_long fault's SIGCONT comes
@@ -129,7 +130,7 @@ func Schedule(seed uint64, span time.Duration, gap [2]time.Duration, weights map
 		}
 		var down time.Duration
 		switch kind {
-		case FaultKillOwner, FaultKillDeliverer:
+		case FaultKillOwner, FaultKillDeliverer, FaultKillConsumer, FaultKillReconciler:
 			down = between(500*time.Millisecond, 3*time.Second)
 		case FaultStopCont:
 			// mostly shorter than the pinned TTL, one in four well past
@@ -335,6 +336,8 @@ func (r *run) choose(ctx context.Context, pl Planned, f *Fault) []*proc {
 		return up
 	case FaultKillStreamLeader, FaultKillStreamFollower:
 		return one(r.streamNode(ctx, pl.Kind == FaultKillStreamLeader, pl.Pick))
+	case FaultKillConsumer, FaultKillReconciler:
+		return one(r.chooseEvents(pl))
 	case FaultKillOwner, FaultStopLong:
 		// The owner of the most hot partitions (stop_long: so that it
 		// holds leases when it is stopped); while a take-over is under way

@@ -73,8 +73,10 @@ func (p *producer) run(ctx context.Context) error {
 			batch := evs[next:end]
 			for attempt := 0; ; attempt++ {
 				err := pgx.BeginFunc(ctx, p.r.pool, func(tx pgx.Tx) error {
-					_, err := gate.RecordBatch(ctx, tx, batch)
-					return err
+					if _, err := gate.RecordBatch(ctx, tx, batch); err != nil {
+						return err
+					}
+					return p.r.publishInvoices(ctx, tx, next, batch) // events.go
 				})
 				if err == nil {
 					break

@@ -228,6 +228,8 @@ type run struct {
 	recoveries sync.WaitGroup // restarts and SIGCONTs scheduled, not yet run
 	notReady   []string       // services not ready after the heal
 
+	ev eventsPart // domain events: the ledger processes, the reconciler (events.go)
+
 	mu     sync.Mutex
 	faults []Fault // injected (executed) faults
 }
@@ -323,6 +325,9 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 	if err := r.startServices(ctx); err != nil {
 		return nil, err
 	}
+	if err := r.startEvents(ctx); err != nil {
+		return nil, err
+	}
 
 	// Load and faults.
 	r.logf("staging %d items over %s (%d hot tenants get %.0f%%), faults every %s–%s", o.Items, o.StageFor, o.HotTenants, 100*o.HotShare, o.FaultGap[0], o.FaultGap[1])
@@ -372,8 +377,11 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	rep.Drained, rep.DrainSeconds = drained, drainSeconds
+	if err := r.checkEvents(ctx, rep, prod.staged()); err != nil {
+		return nil, err
+	}
 	rep.Exits = map[string]int{}
-	for _, p := range r.services() {
+	for _, p := range append(r.services(), r.eventProcs()...) {
 		if n := p.unexpectedExits(); n > 0 {
 			rep.Exits[p.name] = n
 		}
@@ -524,7 +532,7 @@ func (r *run) heal(ctx context.Context) error {
 			r.notReady = append(r.notReady, fmt.Sprintf("%s not ready 60 s after the heal: %v", name, err))
 		}
 	}
-	return nil
+	return r.healEvents(ctx)
 }
 
 // waitDrained waits until staged items exist and none is pending or
@@ -571,6 +579,7 @@ func (r *run) live(ctx context.Context, prod *producer, done chan<- struct{}) {
 
 func (r *run) teardown() {
 	r.waitPending()
+	r.stopEvents()
 	for _, p := range r.dels {
 		p.stop(10 * time.Second)
 	}

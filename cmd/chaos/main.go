@@ -149,6 +149,12 @@ func printReport(r *chaos.Report) {
 	fmt.Fprintf(w, "  staged→accepted  p50 %.2fs, p99 %.2fs, max %.2fs\n", r.AcceptP50, r.AcceptP99, r.AcceptMax)
 	fmt.Fprintf(w, "  exited by itself %v (restarted by the harness)\n", r.Exits)
 	fmt.Fprintf(w, "  drained          %t, %.1fs after the load; run %.0fs\n", r.Drained, r.DrainSeconds, r.ElapsedSeconds)
+	if e := r.Events; e != nil {
+		fmt.Fprintf(w, "  domain events    %d published, %d processed once, %d posted once, %d duplicate deliveries skipped, %d retried, %d dead letters, missing %d, extra %d; outbox %v; all within %.1fs after the drain\n",
+			e.Published, e.Processed, e.Posted, e.DuplicatesSkipped, e.HandlerRetries, e.DeadLetters, e.Missing, e.Extra, e.OutboxByStatus, e.WaitSeconds)
+		fmt.Fprintf(w, "  reconciler       %d runs (%d ok), %d items confirmed before the final run, %d after; items opened by kind %v; final run: %d windows compared, %d unsettled, findings %v\n",
+			e.ReconcilerRuns, e.ReconcilerRunsOK, e.ConfirmedBeforeFinal, e.Confirmed, e.FindingsOpened, e.FinalWindowsCompared, e.FinalWindowsUnsettled, e.FinalFindings)
+	}
 	if len(r.Failures) == 0 {
 		fmt.Fprintln(w, "  invariants       every one held")
 	}
