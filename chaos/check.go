@@ -52,6 +52,22 @@ type Report struct {
 	// Exits: processes that exited without the harness killing them
 	// (restarted a second later, as an orchestrator would), by name.
 	Exits map[string]int `json:"exits_on_their_own"`
+	// StaleOutcomes: items with an outcome written after a later lease
+	// was claimed (invariant 4; must be 0).
+	StaleOutcomes int `json:"stale_outcomes"`
+	// AcceptanceMismatch: accepted items without exactly one accepted
+	// attempt under their current lease_token (invariant 4; must be 0).
+	AcceptanceMismatch int `json:"acceptance_mismatch"`
+	// MessagesStored: messages AURORA_OUTBOX ever stored (its last
+	// sequence); Dispatches: Σ dispatch, the generations there are
+	// (invariant 5: stored ≤ generations); DispatchesPublished: Σ
+	// published_dispatch, the relays' marks (reported only).
+	MessagesStored      int64 `json:"messages_stored"`
+	Dispatches          int64 `json:"dispatches"`
+	DispatchesPublished int64 `json:"dispatches_published"`
+	// Recovery by fault kind: from the fault to the first acceptance of
+	// an item staged after it.
+	Recovery map[FaultKind]Recovery `json:"recovery"`
 	// Webhooks: the webhook sender and the inbox checker (inboxcheck.go).
 	Webhooks       *WebhookReport `json:"webhooks,omitempty"`
 	Drained        bool           `json:"drained"`
@@ -237,6 +253,13 @@ func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
 		rep.AcceptMax = lat[len(lat)-1]
 	}
 	r.laneWaits(rep, items)
+	r.recoveryTimes(rep, items)
+	if err := r.checkFence(ctx, rep); err != nil {
+		return nil, err
+	}
+	if err := r.checkStream(ctx, rep); err != nil {
+		return nil, err
+	}
 
 	if rep.Staged != rep.Items {
 		rep.Failures = append(rep.Failures, fmt.Sprintf("%d items staged, %d outbox rows", rep.Items, rep.Staged))

@@ -27,14 +27,18 @@ type Binaries struct {
 }
 
 // Build compiles cmd/aurora, examples/ledger and nats-server (the version
-// the module requires) into dir with the go tool found on PATH, from the module
-// holding the current directory. Errors carry the go tool's output.
-func Build(ctx context.Context, dir string) (Binaries, error) {
-	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
-	if err != nil {
-		return Binaries{}, fmt.Errorf("chaos: go env GOMOD: %w", err)
+// the module requires) into dir with the go tool found on PATH, from the source tree
+// src (the root of an aurora checkout; "" = the module holding the current
+// directory). Errors carry the go tool's output.
+func Build(ctx context.Context, dir, src string) (Binaries, error) {
+	root := src
+	if root == "" {
+		out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+		if err != nil {
+			return Binaries{}, fmt.Errorf("chaos: go env GOMOD: %w", err)
+		}
+		root = filepath.Dir(strings.TrimSpace(string(out)))
 	}
-	root := filepath.Dir(strings.TrimSpace(string(out)))
 	b := Binaries{Aurora: filepath.Join(dir, "aurora"), NATSServer: filepath.Join(dir, "nats-server"), Ledger: filepath.Join(dir, "ledger")}
 	for _, t := range []struct{ out, pkg string }{{b.Aurora, "./cmd/aurora"}, {b.Ledger, "./examples/ledger"}, {b.NATSServer, "github.com/nats-io/nats-server/v2"}} {
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", t.out, t.pkg)

@@ -3,6 +3,7 @@ package chaos
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"sort"
@@ -29,8 +30,30 @@ const (
 	// FaultStopCont: SIGSTOP a deliverer picked by the seed, SIGCONT after
 	// the downtime (sometimes past its lease and its pinned TTL).
 	FaultStopCont FaultKind = "stop_cont"
-	// FaultKillRelay: kill -9 the relay, restart it after the downtime.
+	// FaultKillRelay: kill -9 one of the relays (picked by the seed),
+	// restart it after the downtime.
 	FaultKillRelay FaultKind = "kill_relay"
+	// FaultStopLong: SIGSTOP a deliverer for longer than its lease and its
+	// JetStream ack wait (Options.LeaseSeconds + 16–25 s), then SIGCONT:
+	// it wakes holding leases others have taken over, and every outcome it
+	// then writes must be fenced off by lease_token.
+	FaultStopLong FaultKind = "stop_long"
+	// FaultKillPostgres: kill -9 the Postgres postmaster, start it again
+	// (crash recovery from its WAL) after the downtime. Every service must
+	// wait the outage out; nothing committed may be lost.
+	FaultKillPostgres FaultKind = "kill_postgres"
+	// FaultRestartNATS: kill -9 every nats-server node at once, start them
+	// again on their stores after the downtime (a full NATS restart).
+	FaultRestartNATS FaultKind = "restart_nats"
+	// FaultFreezeNATS: SIGSTOP every nats-server node for 6.5–9 s (longer
+	// than the clients' request timeouts; connections stay open but
+	// silent), then SIGCONT.
+	FaultFreezeNATS FaultKind = "freeze_nats"
+	// FaultDeleteConsumer: delete every durable consumer of AURORA_OUTBOX
+	// (the deliverers' partition consumers) under load, as `nats consumer
+	// rm` would; the deliverers must create them again and nothing
+	// unacknowledged may be lost (the stream keeps the messages).
+	FaultDeleteConsumer FaultKind = "delete_consumer"
 	// FaultKillInbox: kill -9 an inbox (webhook endpoint and worker)
 	// picked by the seed, restart it after the downtime.
 	FaultKillInbox FaultKind = "kill_inbox"
@@ -48,13 +71,20 @@ const (
 
 // Kinds lists every fault kind, in a fixed order (the schedule draws by it).
 var Kinds = []FaultKind{FaultKillOwner, FaultKillDeliverer, FaultStopCont, FaultKillRelay, FaultKillStreamLeader, FaultKillStreamFollower,
-	FaultKillConsumer, FaultKillReconciler, FaultKillInbox}
+	FaultStopLong, FaultKillPostgres, FaultRestartNATS, FaultFreezeNATS, FaultDeleteConsumer, FaultKillConsumer, FaultKillReconciler,
+	FaultKillInbox}
 
 // DefaultWeights: the short mode's mix.
 func DefaultWeights() map[FaultKind]float64 {
-	return map[FaultKind]float64{FaultKillOwner: 0.32, FaultKillDeliverer: 0.13, FaultStopCont: 0.23, FaultKillRelay: 0.22,
-		FaultKillConsumer: 0.08, FaultKillReconciler: 0.05, FaultKillInbox: 0.10}
+	return map[FaultKind]float64{FaultKillOwner: 0.22, FaultKillDeliverer: 0.08, FaultStopCont: 0.15, FaultKillRelay: 0.15,
+		FaultStopLong: 0.03, FaultKillPostgres: 0.07, FaultRestartNATS: 0.04, FaultFreezeNATS: 0.03, FaultDeleteConsumer: 0.04,
+		FaultKillConsumer: 0.08, FaultKillReconciler: 0.05, FaultKillInbox: 0.06}
 }
+
+// stopLongPast: how far past the lease a stop_long fault's SIGCONT comes
+// (drawn in this range, added to Options.LeaseSeconds); with the deliverers'
+// 30 s ack wait and a 20 s lease, 36–45 s is past both.
+var stopLongPast = [2]time.Duration{16 * time.Second, 25 * time.Second}
 
 // Planned is one fault of a schedule: when (offset from the start of the
 // load), what, for how long the target stays down or stopped, and a draw
@@ -118,6 +148,16 @@ func Schedule(seed uint64, span time.Duration, gap [2]time.Duration, weights map
 			down = between(200*time.Millisecond, 2*time.Second)
 		case FaultKillStreamLeader, FaultKillStreamFollower:
 			down = between(1*time.Second, 5*time.Second)
+		case FaultStopLong:
+			down = between(stopLongPast[0], stopLongPast[1]) // + the lease, added when fired
+		case FaultKillPostgres:
+			down = between(1*time.Second, 4*time.Second)
+		case FaultRestartNATS:
+			down = between(1*time.Second, 3*time.Second)
+		case FaultFreezeNATS:
+			down = between(6500*time.Millisecond, 9*time.Second)
+		case FaultDeleteConsumer:
+			down = 0
 		}
 		out = append(out, Planned{At: at, Kind: kind, Down: down, Pick: rng.Float64()})
 	}
@@ -167,74 +207,148 @@ func (r *run) inject(ctx context.Context, sched []Planned) {
 }
 
 // fire injects one fault and schedules its recovery. A fault whose kind
-// finds no target running (every deliverer down or stopped, the relay
-// down) waits for one, up to 10 s, before it is skipped.
+// finds no target running (every deliverer down or stopped, the relays
+// down, Postgres or NATS already down) waits for one, up to 10 s, before
+// it is skipped.
 func (r *run) fire(ctx context.Context, pl Planned) Fault {
 	f := Fault{Planned: pl, Start: time.Now()}
-	target := r.choose(ctx, pl, &f)
-	for wait := time.Now().Add(10 * time.Second); target == nil && time.Now().Before(wait) && ctx.Err() == nil; {
+	if pl.Kind == FaultStopLong {
+		f.Down += time.Duration(r.o.LeaseSeconds) * time.Second
+	}
+	if pl.Kind == FaultDeleteConsumer {
+		n, err := r.deleteConsumers(ctx)
+		if err != nil || n == 0 {
+			f.Skipped = true
+			r.logf("fault %s skipped: %d consumers deleted (%v)", pl.Kind, n, err)
+			return f
+		}
+		f.Target = fmt.Sprintf("%d consumers of %s", n, outbox.StreamName)
+		r.logf("fault %s: %s", pl.Kind, f.Target)
+		return f
+	}
+	targets := r.choose(ctx, pl, &f)
+	for wait := time.Now().Add(10 * time.Second); len(targets) == 0 && time.Now().Before(wait) && ctx.Err() == nil; {
 		select {
 		case <-ctx.Done():
 		case <-time.After(250 * time.Millisecond):
 		}
-		target = r.choose(ctx, pl, &f)
+		targets = r.choose(ctx, pl, &f)
 	}
-	if target == nil {
+	if len(targets) == 0 {
 		f.Skipped = true
 		r.logf("fault %s skipped: no target running", pl.Kind)
 		return f
 	}
-	f.Target = target.name
-	var err error
-	if pl.Kind == FaultStopCont {
-		err = target.signal(syscall.SIGSTOP)
-	} else {
-		f.Start = time.Now()
-		err = target.kill9()
+	var names []string
+	for _, t := range targets {
+		names = append(names, t.name)
 	}
-	if err != nil {
+	f.Target = strings.Join(names, ",")
+	stop := pl.Kind == FaultStopCont || pl.Kind == FaultStopLong || pl.Kind == FaultFreezeNATS
+	f.Start = time.Now()
+	var hit []*proc
+	for _, t := range targets {
+		var err error
+		if stop {
+			err = t.signal(syscall.SIGSTOP)
+		} else {
+			err = t.kill9()
+		}
+		if err == nil {
+			hit = append(hit, t)
+		}
+	}
+	if len(hit) == 0 {
 		f.Skipped = true
 		return f
 	}
 	if pl.Kind == FaultKillStreamLeader {
-		f.NewLeaderSeconds = r.awaitLeader(ctx, target, f.Start)
+		f.NewLeaderSeconds = r.awaitLeader(ctx, hit[0], f.Start)
 	}
-	r.logf("fault %s on %s (hot partitions %v), back in %s", pl.Kind, target.name, f.Hot, pl.Down.Round(time.Millisecond))
+	r.logf("fault %s on %s (hot partitions %v), back in %s", pl.Kind, f.Target, f.Hot, f.Down.Round(time.Millisecond))
 	r.recoveries.Add(1)
-	time.AfterFunc(pl.Down, func() {
+	time.AfterFunc(f.Down, func() {
 		defer r.recoveries.Done()
-		if pl.Kind == FaultStopCont {
-			_ = target.signal(syscall.SIGCONT)
-			return
-		}
-		if target.current() == procDown {
-			if err := target.start(); err != nil {
-				r.logf("restart %s: %v", target.name, err)
+		for _, t := range hit {
+			if stop {
+				_ = t.signal(syscall.SIGCONT)
+				continue
+			}
+			if t.current() == procDown {
+				if err := t.start(); err != nil && t.current() == procDown {
+					r.logf("restart %s: %v", t.name, err)
+				}
 			}
 		}
 	})
 	return f
 }
 
-// choose returns the target of pl now (nil when none is running) and
-// notes in f what it owned.
-func (r *run) choose(ctx context.Context, pl Planned, f *Fault) *proc {
-	var target *proc
+// deleteConsumers deletes every consumer of AURORA_OUTBOX and returns how
+// many it deleted.
+func (r *run) deleteConsumers(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	s, err := r.js.Stream(ctx, outbox.StreamName)
+	if err != nil {
+		return 0, err
+	}
+	names := s.ConsumerNames(ctx)
+	var all []string
+	for n := range names.Name() {
+		all = append(all, n)
+	}
+	if err := names.Err(); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, c := range all {
+		if err := s.DeleteConsumer(ctx, c); err == nil {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// choose returns the targets of pl now (none when none is running) and
+// notes in f what a deliverer target owned.
+func (r *run) choose(ctx context.Context, pl Planned, f *Fault) []*proc {
+	one := func(p *proc) []*proc {
+		if p == nil {
+			return nil
+		}
+		return []*proc{p}
+	}
 	switch pl.Kind {
 	case FaultKillRelay:
-		if r.relay.current() == procRunning {
-			target = r.relay
+		return one(pickRunning(r.relays, pl.Pick))
+	case FaultKillPostgres:
+		if r.pg.proc.current() == procRunning {
+			return one(r.pg.proc)
 		}
+		return nil
+	case FaultRestartNATS, FaultFreezeNATS:
+		var up []*proc
+		for _, n := range r.nats.nodes {
+			if n.current() == procRunning {
+				up = append(up, n)
+			}
+		}
+		if len(up) < len(r.nats.nodes) {
+			return nil // a node is already down or stopped: wait for the whole cluster
+		}
+		return up
 	case FaultKillStreamLeader, FaultKillStreamFollower:
-		target = r.streamNode(ctx, pl.Kind == FaultKillStreamLeader, pl.Pick)
+		return one(r.streamNode(ctx, pl.Kind == FaultKillStreamLeader, pl.Pick))
 	case FaultKillConsumer, FaultKillReconciler:
-		target = r.chooseEvents(pl)
+		return one(r.chooseEvents(pl))
 	case FaultKillInbox:
-		target = r.pickInbox(pl.Pick)
-	case FaultKillOwner:
-		// The owner of the most hot partitions; while a take-over is
-		// under way nobody may own them yet: wait for one (a bounded
-		// while), so the kills hit owners, repeatedly.
+		return one(r.pickInbox(pl.Pick))
+	case FaultKillOwner, FaultStopLong:
+		// The owner of the most hot partitions (stop_long: so that it
+		// holds leases when it is stopped); while a take-over is under way
+		// nobody may own them yet: wait for one (a bounded while), so the
+		// faults hit owners, repeatedly.
 		waitUntil := time.Now().Add(time.Duration(r.o.PinnedTTLSeconds)*time.Second + 10*time.Second)
 		for {
 			owners := r.owners(ctx)
@@ -248,12 +362,11 @@ func (r *run) choose(ctx context.Context, pl Planned, f *Fault) *proc {
 				}
 			}
 			if best >= 0 && (bestHot > 0 || time.Now().After(waitUntil)) {
-				target = r.dels[best]
 				f.Owned, f.Hot = owners[best], r.hotOf(owners[best])
-				break
+				return one(r.dels[best])
 			}
 			if best < 0 && time.Now().After(waitUntil) || ctx.Err() != nil {
-				break
+				return nil
 			}
 			select {
 			case <-ctx.Done():
@@ -269,12 +382,27 @@ func (r *run) choose(ctx context.Context, pl Planned, f *Fault) *proc {
 		}
 		if len(up) > 0 {
 			idx := up[int(pl.Pick*float64(len(up)))]
-			target = r.dels[idx]
 			owners := r.owners(ctx)
 			f.Owned, f.Hot = owners[idx], r.hotOf(owners[idx])
+			return one(r.dels[idx])
 		}
 	}
-	return target
+	return nil
+}
+
+// pickRunning returns the running process of ps that pick (in [0, 1))
+// selects, nil when none runs.
+func pickRunning(ps []*proc, pick float64) *proc {
+	var up []*proc
+	for _, p := range ps {
+		if p.current() == procRunning {
+			up = append(up, p)
+		}
+	}
+	if len(up) == 0 {
+		return nil
+	}
+	return up[int(pick*float64(len(up)))]
 }
 
 // awaitLeader polls AURORA_OUTBOX's stream info until a node other than

@@ -122,14 +122,22 @@ func (p *proc) signal(sig syscall.Signal) error {
 	return nil
 }
 
-// kill9 kills the process with SIGKILL and waits until it has exited.
+// kill9 kills the process and its process group (Postgres's backends
+// with its postmaster) with SIGKILL and waits until it has exited.
 func (p *proc) kill9() error {
 	p.mu.Lock()
 	done := p.done
 	p.expected = true
+	var pid int
+	if p.state != procDown && p.cmd != nil {
+		pid = p.cmd.Process.Pid
+	}
 	p.mu.Unlock()
 	if err := p.signal(syscall.SIGKILL); err != nil {
 		return err
+	}
+	if pid > 0 {
+		_ = syscall.Kill(-pid, syscall.SIGKILL) // the group: children too
 	}
 	<-done
 	return nil

@@ -39,6 +39,9 @@ type Options struct {
 	Weights map[FaultKind]float64
 	// Deliverers: deliverer processes (3).
 	Deliverers int
+	// Relays: relay processes (2); they share the work through FOR UPDATE
+	// SKIP LOCKED.
+	Relays int
 	// LeaseSeconds: the outbox lease (AURORA_OUTBOX_LEASE_SECONDS) the
 	// deliverers run with; an item a killed owner held waits this long.
 	LeaseSeconds int
@@ -63,8 +66,12 @@ type Options struct {
 	// "" = a new temporary one, removed after a green run unless Keep.
 	Dir  string
 	Keep bool
-	// Bin: the binaries; zero = Build them into Dir.
+	// Bin: the binaries; zero = Build them into Dir from Src.
 	Bin Binaries
+	// Src: the aurora source tree the binaries are built from ("" = the
+	// checkout holding the current directory); the planted-bug test builds
+	// a mutated copy.
+	Src string
 	// Command reproduces this run (printed with a failure).
 	Command string
 	// Progress receives a line every few seconds (nil = none).
@@ -78,15 +85,16 @@ func KillTrial(seed uint64) Options {
 	return Options{Seed: seed, Items: 10000, HotTenants: 4, ColdTenants: 40, HotShare: 0.6,
 		StageFor: 120 * time.Second, FaultGap: [2]time.Duration{2 * time.Second, 5 * time.Second},
 		Weights:    map[FaultKind]float64{FaultKillOwner: 0.6, FaultStopCont: 0.2, FaultKillRelay: 0.2},
-		Deliverers: 3, LeaseSeconds: 30, PinnedTTLSeconds: 10, Partitions: 16, NATSNodes: 1, EmulatorFaults: "latency=20ms",
+		Deliverers: 3, Relays: 2, LeaseSeconds: 30, PinnedTTLSeconds: 10, Partitions: 16, NATSNodes: 1, EmulatorFaults: "latency=20ms",
 		DrainTimeout: 3 * time.Minute}
 }
 
 // ShortEmulatorFaults: the emulator's faults in the short mode, besides
-// its 20 ms: 429s and 500s before anything is applied, and answers lost
-// after the event was applied (dropped connection, cut body), each of
+// its 20 ms: 429s and 500s before anything is applied, answers lost
+// after the event was applied (dropped connection, cut body), and
+// requests held until the deliverer's Stripe timeout gives up, each of
 // which the deliverer must retry with the same identifier.
-const ShortEmulatorFaults = "latency=20ms,http429=0.02,http500=0.02,drop-after-apply=0.01,cut-after-apply=0.01"
+const ShortEmulatorFaults = "latency=20ms,http429=0.02,http500=0.02,drop-after-apply=0.01,cut-after-apply=0.01,timeout=0.003"
 
 // Short returns the CI mode: a few thousand items and at least 50 faults
 // in under five minutes.
@@ -99,6 +107,19 @@ func Short(seed uint64) Options {
 	o.LeaseSeconds = 20
 	o.EmulatorFaults = ShortEmulatorFaults
 	o.DrainTimeout = 100 * time.Second
+	return o
+}
+
+// Long returns the release mode: 100,000 items and over 1,000 faults on a
+// three-node JetStream cluster (streams at 3 replicas, the stream leader
+// and followers killed too) in about half an hour.
+func Long(seed uint64) Options {
+	o := Short(seed)
+	o.Items = 100000
+	o.StageFor = 28 * time.Minute
+	o.FaultGap = [2]time.Duration{900 * time.Millisecond, 2 * time.Second}
+	o.NATSNodes = 3
+	o.DrainTimeout = 5 * time.Minute
 	return o
 }
 
@@ -127,6 +148,9 @@ func (o *Options) defaults() {
 	}
 	if o.Deliverers <= 0 {
 		o.Deliverers = d.Deliverers
+	}
+	if o.Relays <= 0 {
+		o.Relays = d.Relays
 	}
 	if o.LeaseSeconds <= 0 {
 		o.LeaseSeconds = d.LeaseSeconds
@@ -194,8 +218,8 @@ type run struct {
 	js         jetstream.JetStream
 	emu        *proc
 	emuURL     string
-	relay      *proc
-	relayHTTP  string
+	relays     []*proc
+	relayHTTP  []string
 	dels       []*proc
 	delHTTP    []string
 	pool       *pgxpool.Pool
@@ -208,6 +232,7 @@ type run struct {
 	began      time.Time
 
 	recoveries sync.WaitGroup // restarts and SIGCONTs scheduled, not yet run
+	notReady   []string       // services not ready after the heal
 
 	wh *inboxes   // the inbox processes and the webhook sender (webhooks.go)
 	ev eventsPart // domain events: the ledger processes, the reconciler (events.go)
@@ -256,7 +281,7 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 	o := r.o
 	if o.Bin == (Binaries{}) {
 		r.logf("building cmd/aurora and nats-server into %s", r.dir)
-		b, err := Build(ctx, r.dir)
+		b, err := Build(ctx, r.dir, o.Src)
 		if err != nil {
 			return nil, err
 		}
@@ -366,11 +391,12 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	rep.Exits = map[string]int{}
-	for _, p := range append(append(append(append(append([]*proc{}, r.nats.nodes...), r.relay), r.dels...), r.eventProcs()...), r.inboxProcs()...) {
+	for _, p := range append(r.services(), r.eventProcs()...) {
 		if n := p.unexpectedExits(); n > 0 {
 			rep.Exits[p.name] = n
 		}
 	}
+	rep.Failures = append(append([]string{}, r.notReady...), rep.Failures...)
 	if !drained {
 		rep.Failures = append([]string{fmt.Sprintf("not drained %s after the load: items still pending or leased", o.DrainTimeout)}, rep.Failures...)
 	}
@@ -424,20 +450,25 @@ func (r *run) provision(ctx context.Context) (string, error) {
 }
 
 func (r *run) startServices(ctx context.Context) error {
-	port, err := freePort()
-	if err != nil {
-		return err
-	}
-	r.relayHTTP = "127.0.0.1:" + strconv.Itoa(port)
-	r.relay = &proc{name: "relay", supervise: true, bin: r.o.Bin.Aurora, dir: r.dir, args: []string{"relay"}, env: env(
-		"AURORA_DATABASE_URL="+r.dbURL, "AURORA_NATS_URL="+r.natsURL, "AURORA_RELAY_HTTP_ADDR="+r.relayHTTP,
-		"AURORA_RELAY_POLL_MS=200", "AURORA_OUTBOX_PARTITIONS="+strconv.Itoa(r.o.Partitions),
-		"AURORA_OUTBOX_STREAM_REPLICAS="+strconv.Itoa(r.o.NATSNodes), "AURORA_EVENTS_STREAM_REPLICAS="+strconv.Itoa(r.o.NATSNodes))}
-	if err := r.relay.start(); err != nil {
-		return err
-	}
-	if err := waitHTTP(ctx, "http://"+r.relayHTTP+"/readyz", 60*time.Second); err != nil {
-		return err
+	for i := range r.o.Relays {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		p := &proc{name: fmt.Sprintf("relay-%d", i), supervise: true, bin: r.o.Bin.Aurora, dir: r.dir, args: []string{"relay"}, env: env(
+			"AURORA_DATABASE_URL="+r.dbURL, "AURORA_NATS_URL="+r.natsURL, "AURORA_RELAY_HTTP_ADDR="+addr,
+			"AURORA_RELAY_POLL_MS=200", "AURORA_OUTBOX_PARTITIONS="+strconv.Itoa(r.o.Partitions),
+			"AURORA_OUTBOX_STREAM_REPLICAS="+strconv.Itoa(r.o.NATSNodes), "AURORA_EVENTS_STREAM_REPLICAS="+strconv.Itoa(r.o.NATSNodes))}
+		if err := p.start(); err != nil {
+			return err
+		}
+		r.relays = append(r.relays, p)
+		r.relayHTTP = append(r.relayHTTP, addr)
+		// the first relay creates the streams; the others find them
+		if err := waitHTTP(ctx, "http://"+addr+"/readyz", 60*time.Second); err != nil {
+			return err
+		}
 	}
 	for i := range r.o.Deliverers {
 		port, err := freePort()
@@ -466,15 +497,33 @@ func (r *run) startServices(ctx context.Context) error {
 	if err := r.startInboxes(ctx); err != nil {
 		return err
 	}
-	r.logf("relay, %d deliverers and %d inboxes ready", len(r.dels), len(r.inboxProcs()))
+	r.logf("%d relays, %d deliverers and %d inboxes ready", len(r.relays), len(r.dels), len(r.inboxProcs()))
 	return nil
 }
 
+// services returns the supervised processes: the nats-server nodes, the
+// relays, the deliverers and the inboxes.
+func (r *run) services() []*proc {
+	out := append([]*proc{}, r.nats.nodes...)
+	out = append(out, r.relays...)
+	out = append(out, r.dels...)
+	return append(out, r.inboxProcs()...)
+}
+
 // heal resumes stopped processes and starts dead ones, then waits until
-// every service is ready again.
+// every service is ready again; one that is not within a minute is a
+// failure of the run (run.notReady), not of the harness.
 func (r *run) heal(ctx context.Context) error {
 	r.waitPending()
-	for _, p := range append(append(append(append([]*proc{}, r.nats.nodes...), r.relay), r.dels...), r.inboxProcs()...) {
+	if r.pg.proc.current() == procDown {
+		if err := r.pg.proc.start(); err != nil && r.pg.proc.current() == procDown {
+			return err
+		}
+	}
+	if err := r.pg.waitReady(ctx, 60*time.Second); err != nil {
+		return err
+	}
+	for _, p := range r.services() {
 		switch p.current() {
 		case procStopped:
 			_ = p.signal(sigCont)
@@ -485,11 +534,19 @@ func (r *run) heal(ctx context.Context) error {
 			}
 		}
 	}
-	for _, addr := range append(append([]string{r.relayHTTP}, r.delHTTP...), r.inboxAddrs()...) {
+	for i, addr := range append(append([]string{}, r.relayHTTP...), r.delHTTP...) {
 		if err := waitHTTP(ctx, "http://"+addr+"/readyz", 60*time.Second); err != nil {
-			return err
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			name := "deliverer-" + strconv.Itoa(i-len(r.relayHTTP))
+			if i < len(r.relayHTTP) {
+				name = "relay-" + strconv.Itoa(i)
+			}
+			r.notReady = append(r.notReady, fmt.Sprintf("%s not ready 60 s after the heal: %v", name, err))
 		}
 	}
+	r.healInboxes(ctx)
 	return r.healEvents(ctx)
 }
 
@@ -544,8 +601,8 @@ func (r *run) teardown() {
 	for _, p := range append(append([]*proc{}, r.dels...), r.inboxProcs()...) {
 		p.stop(10 * time.Second)
 	}
-	if r.relay != nil {
-		r.relay.stop(10 * time.Second)
+	for _, p := range r.relays {
+		p.stop(10 * time.Second)
 	}
 	if r.pool != nil {
 		r.pool.Close()

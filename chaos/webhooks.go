@@ -492,3 +492,13 @@ func (r *run) dropWebhookEvents(ctx context.Context, outbox map[string]string, i
 	}
 	return keptIn, keptPosts, nil
 }
+
+// healInboxes waits for every inbox's /readyz after the heal; one not
+// ready within a minute is a failure of the run (run.notReady).
+func (r *run) healInboxes(ctx context.Context) {
+	for i, addr := range r.inboxAddrs() {
+		if err := waitHTTP(ctx, "http://"+addr+"/readyz", 60*time.Second); err != nil && ctx.Err() == nil {
+			r.notReady = append(r.notReady, fmt.Sprintf("inbox-%d not ready 60 s after the heal: %v", i, err))
+		}
+	}
+}

@@ -65,7 +65,11 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg) {
 		crs, err := d.claim(ctx, reqs)
 		if err != nil {
 			d.m.errors.WithLabelValues("claim").Inc()
-			d.log.Error("deliverer: claim failed; messages delayed", "items", len(todo), "err", err)
+			d.claimErrs.Add(1)
+			d.claimErrLog.Do(func() {
+				d.log.Error("deliverer: claim failed; messages delayed", "items", len(todo), "err", err,
+					"failures_since_last_line", d.claimErrs.Swap(0), "at_most_every", claimErrLogEvery)
+			})
 			for _, g := range todo {
 				_ = g.msg.NakWithDelay(d.busy())
 			}

@@ -104,6 +104,39 @@ func (d *Deliverer) prepare(ctx context.Context) (int, error) {
 	}
 }
 
+// brokenConsumerAfter: consecutive "consumer create" refusals of one
+// partition consumer after which attach deletes it to create it again.
+const brokenConsumerAfter = 3
+
+// consumerBroken reports whether err is JetStream refusing to create or
+// update a consumer (API error 10012, JSErrCodeConsumerCreate). nats-server
+// answers it, for every create and update, when a consumer's state on the
+// server is damaged: a delete that raced a create of the same durable
+// (`nats consumer rm` under load) can leave the consumer registered with
+// its store directory gone ("open …/obs/<name>/meta.inf.tmp: no such file
+// or directory"), and only deleting it clears that.
+func consumerBroken(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeConsumerCreate
+}
+
+// dropBrokenConsumer deletes partition p's consumer after JetStream refused
+// to create or update it brokenConsumerAfter times in a row (consumerBroken),
+// so that the next attach creates it afresh. Nothing is lost: the stream
+// keeps every unacknowledged message (work queue retention) and a new
+// consumer delivers them again; Postgres decides what is still due. Counted
+// as aurora_deliverer_errors_total{op="consumer_recreate"}.
+func (d *Deliverer) dropBrokenConsumer(ctx context.Context, p int, cause error) {
+	d.m.errors.WithLabelValues("consumer_recreate").Inc()
+	d.log.Warn("deliverer: JetStream keeps refusing the partition consumer; deleting it to create it again",
+		"consumer", d.ConsumerName(p), "refusals", brokenConsumerAfter, "err", cause)
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := d.js.DeleteConsumer(cctx, outbox.StreamName, d.ConsumerName(p)); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		d.log.Warn("deliverer: could not delete the broken consumer", "consumer", d.ConsumerName(p), "err", err)
+	}
+}
+
 // streamPartitions reads the stream's metadata: the partition count
 // (ErrNoPartitions when absent or not a number in 1..1024) and the outbox
 // database (*ForeignDatabaseError when another's).
@@ -193,6 +226,7 @@ func (d *Deliverer) attach(ctx, work context.Context, p *partition) {
 		wait = min(2*wait, 5*time.Second)
 		return true
 	}
+	createFailures := 0
 	for ctx.Err() == nil {
 		l, err := d.startConsume(ctx, work, p)
 		if err != nil {
@@ -201,11 +235,20 @@ func (d *Deliverer) attach(ctx, work context.Context, p *partition) {
 			}
 			d.m.errors.WithLabelValues("attach").Inc()
 			d.log.Warn("deliverer: partition not attached, retrying", "consumer", d.ConsumerName(p.n), "err", err, "retry_in", wait)
+			if consumerBroken(err) {
+				if createFailures++; createFailures >= brokenConsumerAfter {
+					createFailures = 0
+					d.dropBrokenConsumer(ctx, p.n, err)
+				}
+			} else {
+				createFailures = 0
+			}
 			if !pause() {
 				return
 			}
 			continue
 		}
+		createFailures = 0
 		started := time.Now()
 		d.attached.Add(1)
 		d.m.attached.Inc()

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -264,5 +266,72 @@ func TestStartWaitsOutConsumerLookupTimeouts(t *testing.T) {
 	defer flaky.mu.Unlock()
 	if flaky.fails != 0 {
 		t.Fatalf("%d lookups never tried", flaky.fails)
+	}
+}
+
+// labelled returns the counter name{label=value} in reg (0 when absent).
+func labelled(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// A partition consumer damaged on the server — registered, its store
+// directory gone, which is what a `nats consumer rm` racing a create of the
+// same durable leaves (the chaos harness's delete_consumer fault found it:
+// every create and update is then refused with API error 10012, forever) —
+// is deleted and created again by a deliverer starting onto it, which then
+// delivers; nothing staged is lost.
+func TestBrokenConsumerIsRecreated(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stripeemulator.Faults{})
+	first := h.start(testConfig())
+	h.await("first ready", func() bool { return first.d.Ready() == nil })
+	row := h.stage(h.item("org_1", "event:before", 1))
+	h.publish(row.ID)
+	h.awaitState(row.ID, outbox.StateAccepted)
+	first.stop(t)
+
+	// damage every partition consumer the way the server race does
+	dirs, err := filepath.Glob(filepath.Join(h.nats.Server().StoreDir(), "*", "streams", outbox.StreamName, "obs", "*"))
+	if err != nil || len(dirs) != outbox.PartitionsDefault {
+		t.Fatalf("consumer store directories %v (%v), want %d", dirs, err, outbox.PartitionsDefault)
+	}
+	for _, d := range dirs {
+		if err := os.RemoveAll(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var apiErr *jetstream.APIError
+	_, err = h.js.CreateOrUpdateConsumer(context.Background(), outbox.StreamName, first.d.ConsumerConfig(0))
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeConsumerCreate {
+		t.Fatalf("create on a damaged consumer: %v, want API error %d (the state this test needs)", err, jetstream.JSErrCodeConsumerCreate)
+	}
+
+	row2 := h.stage(h.item("org_1", "event:after", 1))
+	h.publish(row2.ID)
+	second := h.start(testConfig())
+	h.await("second ready", func() bool { return second.d.Ready() == nil })
+	h.awaitState(row2.ID, outbox.StateAccepted)
+	if n := labelled(t, second.reg, "aurora_deliverer_errors_total", "op", "consumer_recreate"); n < outbox.PartitionsDefault {
+		t.Fatalf("consumer_recreate %v, want ≥ %d (one per damaged consumer)", n, outbox.PartitionsDefault)
+	}
+	if n := h.emu.AppliedCount(); n != 2 {
+		t.Fatalf("applied %d, want 2", n)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 )
 
 // Deliverer consumes the partitions of AURORA_OUTBOX and delivers items
@@ -52,6 +53,13 @@ type Deliverer struct {
 	lanes *lanes
 	sem   chan struct{} // lanes running at once (AURORA_DELIVERER_CONCURRENCY)
 
+	// claimErrLog logs a failed claim at most every claimErrLogEvery
+	// (during a Postgres outage every group fails, hundreds a second);
+	// claimErrs counts the failures since the last line it wrote. The
+	// counter aurora_deliverer_errors_total{op="claim"} counts them all.
+	claimErrLog rate.Sometimes
+	claimErrs   atomic.Int64
+
 	dbID       string // this deliverer's outbox.DatabaseID, set by Run
 	partitions atomic.Int32
 	attached   atomic.Int32 // partition consumers with a running consume loop
@@ -76,7 +84,8 @@ func New(db DB, js jetstream.JetStream, exp Exporter, cfg Config, opts ...Option
 		return nil, err
 	}
 	d := &Deliverer{db: db, js: js, exp: exp, s: cfg.settings(), log: slog.Default(), clock: clock.DB{}, rnd: rand.Float64,
-		claims: make(chan claimCall), records: make(chan recordCall), defers: make(chan deferCall)}
+		claims: make(chan claimCall), records: make(chan recordCall), defers: make(chan deferCall),
+		claimErrLog: rate.Sometimes{Interval: claimErrLogEvery}}
 	for _, o := range opts {
 		if err := o(d); err != nil {
 			return nil, err
@@ -226,6 +235,9 @@ func (d *Deliverer) busy() time.Duration {
 // ConsumerName returns the durable name of partition p's consumer:
 // AURORA_DELIVERER_CONSUMER, "-p", p in two digits (aurora-deliverer-p07).
 func (d *Deliverer) ConsumerName(p int) string { return fmt.Sprintf("%s-p%02d", d.s.consumer, p) }
+
+// claimErrLogEvery: at most one "claim failed" log line this often.
+const claimErrLogEvery = 5 * time.Second
 
 // PriorityGroup is the priority group every deliverer pulls with; the
 // partition consumers pin it to one client at a time.

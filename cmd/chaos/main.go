@@ -7,6 +7,7 @@
 //	go run ./cmd/chaos                        # the kill trial: 10,000 items
 //	go run ./cmd/chaos --mode short           # the CI mode: 3,000 items, ≥ 50 faults, < 5 min
 //	go run ./cmd/chaos --mode short --seed 7  # reproduce a run
+//	go run ./cmd/chaos --mode long --seed 1   # the release run: 100,000 items, ≥ 1,000 faults, ~35 min
 //
 // Exit status 0 when every invariant held, 1 when one broke (the seed and
 // the command that reproduces the run are printed), 2 for bad flags.
@@ -37,7 +38,8 @@ func main() {
 
 func run(ctx context.Context, args []string) int {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
-	mode := fs.String("mode", "kill-trial", "kill-trial (10,000 items, hot-lane owners killed) or short (CI: 3,000 items, ≥ 50 faults)")
+	mode := fs.String("mode", "kill-trial", "kill-trial (10,000 items, hot-lane owners killed), short (CI: 3,000 items, ≥ 50 faults) or long (release: 100,000 items, ≥ 1,000 faults, 3 NATS nodes, ~35 min)")
+	src := fs.String("src", "", "aurora source tree to build the binaries from (default: this checkout)")
 	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()%1000000), "seed of the producer and the fault schedule (default: from the clock, printed)")
 	items := fs.Int("items", 0, "items to stage (0 = the mode's)")
 	stageFor := fs.Duration("stage-for", 0, "how long the producer stages while faults run (0 = the mode's)")
@@ -54,8 +56,10 @@ func run(ctx context.Context, args []string) int {
 		o = chaos.KillTrial(*seed)
 	case "short":
 		o = chaos.Short(*seed)
+	case "long":
+		o = chaos.Long(*seed)
 	default:
-		fmt.Fprintf(os.Stderr, "chaos: --mode must be kill-trial or short, got %q\n", *mode)
+		fmt.Fprintf(os.Stderr, "chaos: --mode must be kill-trial, short or long, got %q\n", *mode)
 		return 2
 	}
 	cmd := []string{"go run ./cmd/chaos", "--mode", *mode, "--seed", fmt.Sprint(*seed)}
@@ -77,6 +81,10 @@ func run(ctx context.Context, args []string) int {
 	default:
 		fmt.Fprintf(os.Stderr, "chaos: --nats-nodes must be 1 or 3, got %d\n", *natsNodes)
 		return 2
+	}
+	if *src != "" {
+		o.Src = *src
+		cmd = append(cmd, "--src", *src)
 	}
 	o.Dir, o.Keep, o.Command, o.Progress = *dir, *keep, strings.Join(cmd, " "), os.Stderr
 	rep, err := chaos.Run(ctx, o)
@@ -126,6 +134,17 @@ func printReport(r *chaos.Report) {
 	fmt.Fprintf(w, "  owner kills      %d hitting hot lanes; lane wait to next acceptance p50 %.1fs, max %.1fs\n", len(r.OwnerKills), r.LaneWaitP50, r.LaneWaitMax)
 	if len(r.NewLeader) > 0 {
 		fmt.Fprintf(w, "  stream leader    %d kills; a new AURORA_OUTBOX leader after (s) %v\n", len(r.NewLeader), r.NewLeader)
+	}
+	fmt.Fprintf(w, "  lease fence      %d stale outcomes, %d accepted items without one accepted attempt at their lease\n", r.StaleOutcomes, r.AcceptanceMismatch)
+	fmt.Fprintf(w, "  stream           %d messages stored for %d dispatches (%d marked published)\n", r.MessagesStored, r.Dispatches, r.DispatchesPublished)
+	var rk []string
+	for k := range r.Recovery {
+		rk = append(rk, string(k))
+	}
+	sort.Strings(rk)
+	for _, k := range rk {
+		rc := r.Recovery[chaos.FaultKind(k)]
+		fmt.Fprintf(w, "  recovery         %-20s n=%d, to the next new item accepted p50 %.1fs, max %.1fs\n", k, rc.N, rc.P50, rc.Max)
 	}
 	fmt.Fprintf(w, "  staged→accepted  p50 %.2fs, p99 %.2fs, max %.2fs\n", r.AcceptP50, r.AcceptP99, r.AcceptMax)
 	fmt.Fprintf(w, "  exited by itself %v (restarted by the harness)\n", r.Exits)
