@@ -234,8 +234,9 @@ type run struct {
 
 	ev eventsPart // domain events: the ledger processes, the reconciler (events.go)
 
-	mu     sync.Mutex
-	faults []Fault // injected (executed) faults
+	mu       sync.Mutex
+	faults   []Fault   // injected (executed) faults
+	stagedAt time.Time // when the producer had staged everything
 }
 
 // Run executes one run and returns its report; err is ErrInvariant
@@ -346,6 +347,9 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 		if err := prod.run(loadCtx); err != nil {
 			errc <- err
 		}
+		r.mu.Lock()
+		r.stagedAt = time.Now()
+		r.mu.Unlock()
 	}()
 	sched := Schedule(o.Seed, o.StageFor, o.FaultGap, o.Weights)
 	go func() {
