@@ -12,22 +12,26 @@ import (
 
 // Report is what a run measured and what the checker found.
 type Report struct {
-	Seed           uint64            `json:"seed"`
-	Command        string            `json:"command"`
-	NATSNodes      int               `json:"nats_nodes"`
-	Items          int               `json:"items"`            // staged by the producer
-	Staged         int               `json:"staged_rows"`      // outbox rows found
-	ByState        map[string]int    `json:"by_state"`         // rows per state
-	Faults         map[FaultKind]int `json:"faults"`           // injected, by kind
-	FaultsSkipped  int               `json:"faults_skipped"`   // no target was running
-	Lost           int               `json:"lost"`             // staged, not accepted/confirmed, not applied
-	AppliedTwice   int               `json:"applied_twice"`    // identifiers applied more than once
-	Mismatched     int               `json:"mismatched"`       // applied value ≠ the item's quantity, or applied without an accepted item
-	Committed      int64             `json:"committed"`        // quantity of accepted/confirmed items
-	Applied        float64           `json:"applied"`          // quantity the emulator applied
-	Overlaps429    int               `json:"overlaps_429"`     // 429 "one concurrent call per customer and meter" answers
-	RateLimited429 int               `json:"rate_limited_429"` // other 429s
-	Reclaimed      int               `json:"reclaimed"`        // items claimed more than once (attempts > 1)
+	Seed          uint64            `json:"seed"`
+	Command       string            `json:"command"`
+	NATSNodes     int               `json:"nats_nodes"`
+	Items         int               `json:"items"`          // staged by the producer
+	Staged        int               `json:"staged_rows"`    // outbox rows found
+	ByState       map[string]int    `json:"by_state"`       // rows per state
+	Faults        map[FaultKind]int `json:"faults"`         // injected, by kind
+	FaultsSkipped int               `json:"faults_skipped"` // no target was running
+	// FaultsAfterStaging: injected faults that came after the producer had
+	// staged everything (the schedule runs late when faults wait for their
+	// targets); the items were still being delivered.
+	FaultsAfterStaging int     `json:"faults_after_staging"`
+	Lost               int     `json:"lost"`             // staged, not accepted/confirmed, not applied
+	AppliedTwice       int     `json:"applied_twice"`    // identifiers applied more than once
+	Mismatched         int     `json:"mismatched"`       // applied value ≠ the item's quantity, or applied without an accepted item
+	Committed          int64   `json:"committed"`        // quantity of accepted/confirmed items
+	Applied            float64 `json:"applied"`          // quantity the emulator applied
+	Overlaps429        int     `json:"overlaps_429"`     // 429 "one concurrent call per customer and meter" answers
+	RateLimited429     int     `json:"rate_limited_429"` // other 429s
+	Reclaimed          int     `json:"reclaimed"`        // items claimed more than once (attempts > 1)
 	// StaleLeases: leases that ended without an outcome, written
 	// stale_lease by the claim that took the row over: the items a killed
 	// or stopped owner held, which waited for their lease to expire.
@@ -130,11 +134,17 @@ func getJSON(ctx context.Context, url string, v any) error {
 // check states the invariants over the database and the emulator.
 func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
 	rep := &Report{Seed: r.o.Seed, Command: r.o.Command, NATSNodes: r.o.NATSNodes, Items: prod.staged(), ByState: map[string]int{}, Faults: map[FaultKind]int{}}
+	r.mu.Lock()
+	stagedAt := r.stagedAt
+	r.mu.Unlock()
 	for _, f := range r.faultList() {
 		if f.Skipped {
 			rep.FaultsSkipped++
 		} else {
 			rep.Faults[f.Kind]++
+			if !stagedAt.IsZero() && f.Start.After(stagedAt) {
+				rep.FaultsAfterStaging++
+			}
 		}
 		if !f.Skipped && f.Kind == FaultKillStreamLeader {
 			rep.NewLeader = append(rep.NewLeader, f.NewLeaderSeconds)

@@ -263,7 +263,24 @@ func (r *run) fire(ctx context.Context, pl Planned) Fault {
 		return f
 	}
 	if pl.Kind == FaultKillStreamLeader {
-		f.NewLeaderSeconds = r.awaitLeader(ctx, hit[0], f.Start)
+		// measured aside, so the schedule does not wait for the election
+		r.recoveries.Add(1)
+		go func(start time.Time) {
+			defer r.recoveries.Done()
+			s := r.awaitLeader(ctx, hit[0], start)
+			for try := 0; try < 50; try++ { // the fault is recorded when fire returns
+				r.mu.Lock()
+				for i := range r.faults {
+					if r.faults[i].Kind == FaultKillStreamLeader && r.faults[i].Start.Equal(start) {
+						r.faults[i].NewLeaderSeconds = s
+						r.mu.Unlock()
+						return
+					}
+				}
+				r.mu.Unlock()
+				time.Sleep(20 * time.Millisecond)
+			}
+		}(f.Start)
 	}
 	r.logf("fault %s on %s (hot partitions %v), back in %s", pl.Kind, f.Target, f.Hot, f.Down.Round(time.Millisecond))
 	r.recoveries.Add(1)

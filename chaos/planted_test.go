@@ -41,7 +41,7 @@ var plantedBugs = []plantedBug{
 		file: "relay/batch.go",
 		edits: [][2]string{{"\t\t\tjetstream.MsgIDHeader:          []string{outbox.MsgID(c.key, c.dispatch)},\n",
 			""}},
-		want:    "published twice",
+		want: "published twice",
 		// a lost PubAck is what makes a relay publish a dispatch again while
 		// the item is still due: NATS frozen past the publish timeout (the
 		// message is stored when it thaws), or restarted. A relay killed

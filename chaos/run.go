@@ -119,7 +119,11 @@ func Long(seed uint64) Options {
 	o.StageFor = 28 * time.Minute
 	o.FaultGap = [2]time.Duration{900 * time.Millisecond, 2 * time.Second}
 	o.NATSNodes = 3
-	o.DrainTimeout = 5 * time.Minute
+	// the hot lanes (60 % of the items on four lanes, each at most one
+	// call at a time: about 50 items/s at 20 ms) build a backlog of tens
+	// of thousands while their owners are killed every few seconds; it
+	// drains at about 200 items/s once the faults stop
+	o.DrainTimeout = 15 * time.Minute
 	return o
 }
 
@@ -237,8 +241,9 @@ type run struct {
 	wh *inboxes   // the inbox processes and the webhook sender (webhooks.go)
 	ev eventsPart // domain events: the ledger processes, the reconciler (events.go)
 
-	mu     sync.Mutex
-	faults []Fault // injected (executed) faults
+	mu       sync.Mutex
+	faults   []Fault   // injected (executed) faults
+	stagedAt time.Time // when the producer had staged everything
 }
 
 // Run executes one run and returns its report; err is ErrInvariant
@@ -349,6 +354,9 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 		if err := prod.run(loadCtx); err != nil {
 			errc <- err
 		}
+		r.mu.Lock()
+		r.stagedAt = time.Now()
+		r.mu.Unlock()
 	}()
 	sched := Schedule(o.Seed, o.StageFor, o.FaultGap, o.Weights)
 	go func() {
