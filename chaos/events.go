@@ -208,15 +208,8 @@ func (r *run) eventProcs() []*proc {
 // healEvents starts what is down of the ledgers and the reconciler (a
 // supervised restart may win the race) and waits for the reconciler.
 func (r *run) healEvents(ctx context.Context) error {
-	for _, p := range r.eventProcs() {
-		switch p.current() {
-		case procStopped:
-			_ = p.signal(sigCont)
-		case procDown:
-			if err := p.start(); err != nil && p.current() == procDown {
-				return err
-			}
-		}
+	if err := resumeOrStart(r.eventProcs()); err != nil {
+		return err
 	}
 	if r.ev.recon == nil {
 		return nil

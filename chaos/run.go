@@ -518,6 +518,22 @@ func (r *run) services() []*proc {
 	return append(out, r.inboxProcs()...)
 }
 
+// resumeOrStart sends SIGCONT to each stopped process of ps and starts each
+// one that is down (a supervised restart may win the race: fine).
+func resumeOrStart(ps []*proc) error {
+	for _, p := range ps {
+		switch p.current() {
+		case procStopped:
+			_ = p.signal(sigCont)
+		case procDown:
+			if err := p.start(); err != nil && p.current() == procDown {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // heal resumes stopped processes and starts dead ones, then waits until
 // every service is ready again; one that is not within a minute is a
 // failure of the run (run.notReady), not of the harness.
@@ -531,16 +547,8 @@ func (r *run) heal(ctx context.Context) error {
 	if err := r.pg.waitReady(ctx, 60*time.Second); err != nil {
 		return err
 	}
-	for _, p := range r.services() {
-		switch p.current() {
-		case procStopped:
-			_ = p.signal(sigCont)
-		case procDown:
-			// a supervised restart may have won the race: fine
-			if err := p.start(); err != nil && p.current() == procDown {
-				return err
-			}
-		}
+	if err := resumeOrStart(r.services()); err != nil {
+		return err
 	}
 	for i, addr := range append(append([]string{}, r.relayHTTP...), r.delHTTP...) {
 		if err := waitHTTP(ctx, "http://"+addr+"/readyz", 60*time.Second); err != nil {

@@ -32,6 +32,12 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 	return l.b.Write(p)
 }
 
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // Must show (issue 19): a deliverer pointed at a second database beside a
 // running pipeline (a wrong AURORA_DATABASE_URL sharing the NATS) refuses to
 // start with an error naming both outbox databases, touches no message, and

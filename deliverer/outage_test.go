@@ -73,9 +73,3 @@ func TestClaimFailuresLogAtMostEveryFewSeconds(t *testing.T) {
 		t.Fatalf("applied %d, want %d", n, tenants)
 	}
 }
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
