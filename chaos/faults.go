@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -190,20 +191,36 @@ func (r *run) faultList() []Fault {
 	return append([]Fault(nil), r.faults...)
 }
 
-// inject runs the schedule until it ends or ctx does.
+// inject runs the schedule until it ends or ctx does. With
+// Options.OverlapFaults each fault fires at its planned time in its own
+// goroutine; inject returns when every one has fired.
 func (r *run) inject(ctx context.Context, sched []Planned) {
 	start := time.Now()
+	var firing sync.WaitGroup
+	defer firing.Wait()
 	for _, pl := range sched {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(time.Until(start.Add(pl.At))):
 		}
-		f := r.fire(ctx, pl)
-		r.mu.Lock()
-		r.faults = append(r.faults, f)
-		r.mu.Unlock()
+		if !r.o.OverlapFaults {
+			r.record(r.fire(ctx, pl))
+			continue
+		}
+		firing.Add(1)
+		go func(pl Planned) {
+			defer firing.Done()
+			r.record(r.fire(ctx, pl))
+		}(pl)
 	}
+}
+
+// record appends an injected (or skipped) fault to the run's list.
+func (r *run) record(f Fault) {
+	r.mu.Lock()
+	r.faults = append(r.faults, f)
+	r.mu.Unlock()
 }
 
 // fire injects one fault and schedules its recovery. A fault whose kind
