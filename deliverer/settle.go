@@ -6,8 +6,16 @@ import (
 
 // complete writes a group's outcomes in one fenced statement (batched with
 // other groups') and settles each message: acked when the outcome was
-// written or refused as stale (the current holder's message carries the
-// item now); handed back when Postgres did not take it.
+// written; left alone when the lease fence refused it as stale; handed back
+// when Postgres did not take it.
+//
+// Left alone, not acked: JetStream settles a message by its stream sequence
+// whatever delivery the ack came with, so a refused holder's ack would drop
+// the message a redelivery gave the current holder, and an item whose
+// current holder then dies would wait, leased, for the relay's re-dispatch
+// interval. Unsettled, the message goes on with its current delivery; if
+// nobody holds it, JetStream redelivers it after the ack wait and the claim
+// acks it (terminal, or of an older dispatch) or claims the item.
 func (d *Deliverer) complete(msgs []groupMsg, crs []claimResult, recs []record) {
 	errs, err := d.record(recs)
 	for i, rec := range recs {
@@ -25,7 +33,6 @@ func (d *Deliverer) complete(msgs []groupMsg, crs []claimResult, recs []record) 
 				d.m.outcomes.WithLabelValues(string(OutcomeStaleLease), "").Inc()
 				d.log.Warn("deliverer: stale lease; outcome not written", "item", c.ItemID, "key_prefix", keyPrefix(c.Key),
 					"lease_token", c.LeaseToken, "would_be", string(rec.Outcome))
-				_ = msg.Ack()
 			default:
 				d.m.errors.WithLabelValues("record").Inc()
 				_ = msg.NakWithDelay(d.busy())
