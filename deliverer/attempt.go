@@ -28,8 +28,14 @@ const lockedWaitLimit = 16 * time.Millisecond
 // in one statement; pre-send checks and provider calls one at a time, in
 // order; the outcomes in one fenced statement; then each message is
 // settled. Items whose row another transaction holds are claimed again
-// after 1, 2, 4 and 8 ms before their message goes back to JetStream.
-func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg) {
+// after 1, 2, 4 and 8 ms before their message goes back to JetStream. A
+// group of partition p after p was pinned to another deliverer is handed
+// back unclaimed (handover.go).
+func (d *Deliverer) handleGroup(ctx context.Context, p *partition, msgs []jetstream.Msg) {
+	if p.handedOver() {
+		d.handBack(msgs)
+		return
+	}
 	stopBeat := d.heartbeat(msgs)
 	defer stopBeat()
 	todo := make([]groupMsg, 0, len(msgs))
@@ -91,7 +97,7 @@ func (d *Deliverer) handleGroup(ctx context.Context, msgs []jetstream.Msg) {
 			}
 		}
 		if len(won) > 0 {
-			d.attempt(ctx, won, wonCR)
+			d.attempt(ctx, p, won, wonCR)
 		}
 		todo = again
 	}
@@ -132,7 +138,9 @@ func (d *Deliverer) leaseBudget() time.Duration { return d.s.lease - d.s.lease/1
 // group in order, then writes the outcomes in one fenced statement and
 // settles each message (complete). The first item is always attempted; a
 // later one whose call could outlast the lease budget is not sent and is
-// recorded as a retry due at once (same key, next dispatch).
+// recorded as a retry due at once (same key, next dispatch), and so is one
+// not sent because partition p was pinned to another deliverer meanwhile,
+// its attempt given back (handover.go).
 //
 // A stream account's items are not sent one call each: the group's items
 // that pass their checks go to the exporter at once, and it sends them
@@ -140,7 +148,7 @@ func (d *Deliverer) leaseBudget() time.Duration { return d.s.lease - d.s.lease/1
 // the exporter is a GroupExporter (the group is never split across
 // concurrent requests), else one concurrent Export per item. The lane still
 // runs one group at a time.
-func (d *Deliverer) attempt(ctx context.Context, msgs []groupMsg, crs []claimResult) {
+func (d *Deliverer) attempt(ctx context.Context, p *partition, msgs []groupMsg, crs []claimResult) {
 	start := time.Now()
 	recs := make([]record, len(crs))
 	ge, grouped := d.exp.(GroupExporter)
@@ -180,6 +188,11 @@ func (d *Deliverer) attempt(ctx context.Context, msgs []groupMsg, crs []claimRes
 	}
 	for i, cr := range crs {
 		if cr.Item.Ctx.Exporter == ExporterStream {
+			continue
+		}
+		if p.handedOver() {
+			recs[i] = handedOverRecord(cr.Item)
+			d.m.skips.WithLabelValues(skipHandedOver).Inc()
 			continue
 		}
 		if i > 0 && time.Since(start)+d.s.providerTimeout > d.leaseBudget() {

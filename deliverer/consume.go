@@ -21,14 +21,23 @@ type partition struct {
 	mu    sync.Mutex
 	pin   string // the last Nats-Pin-Id JetStream delivered to us on it
 	owned bool
+	// lostPin: the pin we know JetStream moved to another deliverer
+	// (handover.go); "" when none.
+	lostPin string
 }
 
+// setPin records the Nats-Pin-Id of a message JetStream delivered; a new
+// one means we are pinned again (a buffered message under the pin we lost
+// does not).
 func (p *partition) setPin(pin string) {
 	if pin == "" {
 		return
 	}
 	p.mu.Lock()
 	p.pin = pin
+	if pin != p.lostPin {
+		p.lostPin = ""
+	}
 	p.mu.Unlock()
 }
 
@@ -315,6 +324,10 @@ func (d *Deliverer) startConsume(ctx, work context.Context, p *partition) (*loop
 		jetstream.PullPriorityGroup(PriorityGroup),
 		jetstream.PullMaxMessages(min(d.s.concurrency, d.s.laneShare)),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if errors.Is(err, jetstream.ErrPinIDMismatch) {
+				p.lose() // JetStream pinned another client (handover.go)
+				d.setOwned(p, false)
+			}
 			l.setErr(err)
 			d.log.Debug("deliverer: consume", "consumer", d.ConsumerName(p.n), "err", err)
 		}))
@@ -364,6 +377,12 @@ func (d *Deliverer) watch(ctx context.Context, l *loop, p *partition) string {
 		p.mu.Lock()
 		pin := p.pin
 		p.mu.Unlock()
+		switch pid := pinnedID(info); {
+		case pin != "" && pid == pin:
+			p.keep()
+		case pin != "" && pid != "":
+			p.lose() // pinned to another deliverer (handover.go)
+		}
 		d.setOwned(p, pin != "" && pinnedID(info) == pin)
 	}
 }
@@ -453,7 +472,7 @@ func (d *Deliverer) onMessage(work context.Context, p *partition, msg jetstream.
 			}
 			return
 		}
-		go d.runLane(work, key, msg)
+		go d.runLane(work, p, key, msg)
 		if m.Dispatch > 1 && d.lanes.firstAdoption(key) {
 			d.adopt(key, m.ItemID)
 		}

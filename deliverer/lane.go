@@ -335,7 +335,7 @@ func (l *lanes) heartbeat(every time.Duration, stop <-chan struct{}, m *metrics)
 // runLane runs key's lane: first, then each next group until the lane is
 // empty. Once Run stops, the group being handled finishes and what is
 // still queued goes back to JetStream.
-func (d *Deliverer) runLane(work context.Context, key string, first jetstream.Msg) {
+func (d *Deliverer) runLane(work context.Context, p *partition, key string, first jetstream.Msg) {
 	defer d.wg.Done()
 	defer func() { <-d.sem }()
 	for g := []jetstream.Msg{first}; g != nil; {
@@ -348,7 +348,7 @@ func (d *Deliverer) runLane(work context.Context, key string, first jetstream.Ms
 			continue
 		}
 		start := time.Now()
-		d.runGroup(work, g)
+		d.runGroup(work, p, g)
 		d.lanes.observe(key, time.Since(start), len(g))
 		var recall []deferredItem
 		g, recall = d.lanes.nextGroup(key, d.s.batch)
@@ -359,7 +359,7 @@ func (d *Deliverer) runLane(work context.Context, key string, first jetstream.Ms
 // runGroup handles one group, recovering a panic: the group's unsettled
 // messages are handed back (a settled one refuses the Nak), counted and
 // logged, and the lane goes on.
-func (d *Deliverer) runGroup(work context.Context, g []jetstream.Msg) {
+func (d *Deliverer) runGroup(work context.Context, p *partition, g []jetstream.Msg) {
 	defer func() {
 		if r := recover(); r != nil {
 			d.m.errors.WithLabelValues("panic").Inc()
@@ -369,7 +369,7 @@ func (d *Deliverer) runGroup(work context.Context, g []jetstream.Msg) {
 			}
 		}
 	}()
-	d.handleGroup(work, g)
+	d.handleGroup(work, p, g)
 }
 
 // overflow defers msg (its lane holds its share) by delay: the row gets a
