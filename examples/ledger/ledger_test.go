@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -311,4 +313,57 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// A ledger started while its database is unreachable waits for it instead
+// of exiting (a start beside a restarting Postgres), and stops cleanly.
+func TestRunWaitsForAnUnreachableDatabase(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	t.Setenv("AURORA_DATABASE_URL", "postgres://postgres@"+addr+"/test?connect_timeout=1")
+	t.Setenv("AURORA_NATS_URL", natstest.New(t).URL())
+	ctx, cancel := context.WithCancel(context.Background())
+	var stderr syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, nil, &stderr) }()
+	select {
+	case code := <-done:
+		t.Fatalf("run exited %d with the database unreachable; want it waiting (%s)", code, stderr.String())
+	case <-time.After(1500 * time.Millisecond):
+	}
+	if !strings.Contains(stderr.String(), "database not reachable yet") {
+		t.Fatalf("no retry logged: %s", stderr.String())
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit %d after the stop, want 0 (%s)", code, stderr.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not stop")
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's writes and the test's
+// reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

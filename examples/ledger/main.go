@@ -29,9 +29,11 @@ import (
 	"github.com/aurora-billing/aurora/shared/config"
 	"github.com/aurora-billing/aurora/shared/events"
 	"github.com/aurora-billing/aurora/shared/ops"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/sethvargo/go-retry"
 )
 
 // Config is the example's environment (AURORA_*).
@@ -88,6 +90,25 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	return 0
 }
 
+// waitSchema creates the ledger's tables (EnsureSchema), waiting out a
+// database that is not reachable yet (a start beside a restarting Postgres:
+// the chaos harness saw the example exit 63 times for it): a connection
+// failure is retried with a growing pause (100 ms doubling to 5 s) until ctx
+// ends; any other error is returned.
+func waitSchema(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
+	b := retry.NewExponential(100 * time.Millisecond)
+	b = retry.WithCappedDuration(5*time.Second, b)
+	return retry.Do(ctx, b, func(ctx context.Context) error {
+		err := EnsureSchema(ctx, pool)
+		var ce *pgconn.ConnectError
+		if errors.As(err, &ce) {
+			log.Warn("ledger: database not reachable yet, retrying", "err", err)
+			return retry.RetryableError(err)
+		}
+		return err
+	})
+}
+
 // consume runs handler as consumer of InvoicePaid.v1 until ctx ends.
 func consume(ctx context.Context, cfg Config, consumer string, handler events.Handler, log *slog.Logger) error {
 	pool, err := pgxpool.New(ctx, cfg.Database.SessionURL())
@@ -95,7 +116,10 @@ func consume(ctx context.Context, cfg Config, consumer string, handler events.Ha
 		return fmt.Errorf("database: %w", err)
 	}
 	defer pool.Close()
-	if err := EnsureSchema(ctx, pool); err != nil {
+	if err := waitSchema(ctx, pool, log); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting
+		}
 		return err
 	}
 	nc, err := nats.Connect(cfg.NATS.URL, nats.Name("aurora-example-ledger"), nats.MaxReconnects(-1),
