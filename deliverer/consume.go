@@ -100,8 +100,14 @@ func (d *Deliverer) prepare(ctx context.Context) (int, error) {
 			d.log.Info("deliverer: waiting for stream", "stream", outbox.StreamName)
 		case errors.Is(err, ErrNoPartitions):
 			d.log.Warn("deliverer: waiting for a relay that partitions the stream", "err", err)
-		case errors.As(err, &apiErr):
+		case errors.As(err, &apiErr) && apiErr.Code < 500:
 			return 0, fmt.Errorf("deliverer: stream %s: %w", outbox.StreamName, err)
+		case errors.As(err, &apiErr):
+			// 503 "JetStream system temporarily unavailable" (no stream
+			// leader, a cluster without quorum) passes like an outage: the
+			// chaos long run saw deliverers exit on it while NATS nodes
+			// were down.
+			d.log.Warn("deliverer: JetStream not available yet, retrying", "err", err, "retry_in", wait)
 		case ctx.Err() != nil:
 			return 0, ctx.Err()
 		default:

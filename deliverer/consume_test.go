@@ -335,3 +335,49 @@ func TestBrokenConsumerIsRecreated(t *testing.T) {
 		t.Fatalf("applied %d, want 2", n)
 	}
 }
+
+// unavailableStreams answers the first fails stream lookups as a cluster
+// without a stream leader does: API error 503, 10008.
+type unavailableStreams struct {
+	jetstream.JetStream
+	mu    sync.Mutex
+	fails int
+}
+
+func (s *unavailableStreams) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	s.mu.Lock()
+	fail := s.fails > 0
+	if fail {
+		s.fails--
+	}
+	s.mu.Unlock()
+	if fail {
+		return nil, &jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}
+	}
+	return s.JetStream.Stream(ctx, name)
+}
+
+// A deliverer started while JetStream answers 503 for the stream (no
+// leader: NATS nodes down) waits it out and delivers, instead of exiting
+// (the chaos long run saw "aurora: deliverer: stream AURORA_OUTBOX: …
+// JetStream system temporarily unavailable" end deliverers).
+func TestStartWaitsOutJetStreamUnavailable(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stripeemulator.Faults{})
+	flaky := &unavailableStreams{JetStream: h.js, fails: 3}
+	h.js = flaky
+	r := h.start(testConfig())
+	row := h.stage(h.item("org_1", "event:no-leader", 1))
+	h.publish(row.ID)
+	h.awaitState(row.ID, outbox.StateAccepted)
+	select {
+	case <-r.done:
+		t.Fatalf("Run ended: %v", r.err)
+	default:
+	}
+	flaky.mu.Lock()
+	defer flaky.mu.Unlock()
+	if flaky.fails != 0 {
+		t.Fatalf("%d lookups never tried", flaky.fails)
+	}
+}
