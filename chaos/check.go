@@ -24,6 +24,7 @@ type Report struct {
 	// staged everything (the schedule runs late when faults wait for their
 	// targets); the items were still being delivered.
 	FaultsAfterStaging int     `json:"faults_after_staging"`
+	Corrections        int     `json:"corrections"`      // staged items that are corrections (half negative: cancel and restate)
 	Lost               int     `json:"lost"`             // staged, not accepted/confirmed, not applied
 	AppliedTwice       int     `json:"applied_twice"`    // identifiers applied more than once
 	Mismatched         int     `json:"mismatched"`       // applied value ≠ the item's quantity, or applied without an accepted item
@@ -98,6 +99,7 @@ type item struct {
 	key      string
 	tenant   string
 	quantity int64
+	corrects string // a correction's: the key of the item it corrects
 	state    string
 	attempts int
 	created  float64 // Unix seconds
@@ -150,15 +152,19 @@ func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
 			rep.NewLeader = append(rep.NewLeader, f.NewLeaderSeconds)
 		}
 	}
-	rows, err := r.pool.Query(ctx, `SELECT idempotency_key, tenant, quantity, state::text, attempts,
-		extract(epoch FROM created_at)::float8, extract(epoch FROM updated_at)::float8 FROM outbox_items`)
+	rows, err := r.pool.Query(ctx, `SELECT o.idempotency_key, o.tenant, o.quantity, o.state::text, o.attempts,
+		extract(epoch FROM o.created_at)::float8, extract(epoch FROM o.updated_at)::float8, coalesce(t.idempotency_key, '')
+		FROM outbox_items o
+		LEFT JOIN usage_events c ON c.item_id = o.id AND c.kind = 'correction'
+		LEFT JOIN usage_events x ON x.tenant = c.tenant AND x.event_id = c.corrects_event_id
+		LEFT JOIN outbox_items t ON t.id = x.item_id`)
 	if err != nil {
 		return nil, err
 	}
 	var items []item
 	for rows.Next() {
 		var it item
-		if err := rows.Scan(&it.key, &it.tenant, &it.quantity, &it.state, &it.attempts, &it.created, &it.updated); err != nil {
+		if err := rows.Scan(&it.key, &it.tenant, &it.quantity, &it.state, &it.attempts, &it.created, &it.updated, &it.corrects); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -206,10 +212,14 @@ func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
 		return nil, err
 	}
 
-	times := map[string]int{}
+	times := map[string]int{} // live (not cancelled) applications per identifier
 	value := map[string]float64{}
+	cancels := map[string]int{} // cancelled applications per identifier
+	cancelled := map[string]float64{}
 	for _, a := range applied.Data {
 		if a.Cancelled {
+			cancels[a.Identifier]++
+			cancelled[a.Identifier] += a.Value
 			continue
 		}
 		times[a.Identifier]++
@@ -227,6 +237,7 @@ func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
 
 	rep.Staged = len(items)
 	known := map[string]bool{}
+	want := expectations(items)
 	var lat []float64
 	for _, it := range items {
 		rep.ByState[it.state]++
@@ -234,18 +245,26 @@ func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
 		if it.attempts > 1 {
 			rep.Reclaimed++
 		}
+		if it.corrects != "" {
+			rep.Corrections++
+		}
+		w := want[it.key]
 		switch it.state {
 		case "accepted", "confirmed":
 			rep.Committed += it.quantity
 			lat = append(lat, it.updated-it.created)
 			switch {
-			case times[it.key] == 0:
+			case times[it.key] == 0 && cancels[it.key] == 0 && (w.live > 0 || w.cancelled):
 				rep.Lost++
-			case value[it.key] != float64(it.quantity)*float64(times[it.key]) || times[it.key] > 1:
+			case w.cancelled && (times[it.key] != 0 || cancels[it.key] != 1 || cancelled[it.key] != float64(it.quantity)):
+				rep.Mismatched++ // cancelled by an accepted negative correction: one cancelled application of its value
+			case !w.cancelled && w.live > 0 && (times[it.key] != 1 || value[it.key] != float64(w.live) || cancels[it.key] != 0):
 				rep.Mismatched++
+			case !w.cancelled && w.live <= 0 && (times[it.key] != 0 || cancels[it.key] != 0):
+				rep.Mismatched++ // a correction that restates nothing sends nothing
 			}
 		default:
-			if times[it.key] == 0 {
+			if times[it.key] == 0 && cancels[it.key] == 0 {
 				rep.Lost++
 			} else {
 				rep.Mismatched++ // applied at Stripe, not accepted here
@@ -253,6 +272,11 @@ func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
 		}
 	}
 	for id := range times {
+		if !known[id] {
+			rep.Mismatched++
+		}
+	}
+	for id := range cancels {
 		if !known[id] {
 			rep.Mismatched++
 		}
@@ -293,6 +317,45 @@ func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
 		return nil, err
 	}
 	return rep, nil
+}
+
+// expectation is what the emulator must hold for one accepted item.
+type expectation struct {
+	live      int64 // the value of its live application (none when ≤ 0)
+	cancelled bool  // its application was cancelled by a negative correction
+}
+
+// expectations applies the correction rules to the staged items: an event
+// or a positive correction carries its quantity at Stripe; a negative
+// correction of record X cancels X's application and restates v(X) + its
+// (negative) quantity under its own identifier, sending nothing when that
+// is not above zero. Only accepted (or confirmed) negative corrections have
+// cancelled anything.
+func expectations(items []item) map[string]expectation {
+	byKey := make(map[string]item, len(items))
+	for _, it := range items {
+		byKey[it.key] = it
+	}
+	var v func(key string, depth int) int64
+	v = func(key string, depth int) int64 {
+		it := byKey[key]
+		if it.corrects == "" || it.quantity >= 0 || depth > len(items) {
+			return it.quantity
+		}
+		return v(it.corrects, depth+1) + it.quantity
+	}
+	out := make(map[string]expectation, len(items))
+	for _, it := range items {
+		e := out[it.key]
+		e.live = v(it.key, 0)
+		out[it.key] = e
+		if it.corrects != "" && it.quantity < 0 && (it.state == "accepted" || it.state == "confirmed") {
+			t := out[it.corrects]
+			t.cancelled = true
+			out[it.corrects] = t
+		}
+	}
+	return out
 }
 
 // laneWaits measures, for each kill of a deliverer owning hot partitions,

@@ -95,8 +95,8 @@ func invoiceEvent(seed uint64, i int, ev usage.Event, at time.Time) (events.Even
 func (r *run) publishInvoices(ctx context.Context, tx pgx.Tx, first int, batch []usage.Event) error {
 	for k, ev := range batch {
 		i := first + k
-		if i%InvoiceEvery != 0 {
-			continue
+		if i%InvoiceEvery != 0 || ev.CorrectsEventID != "" {
+			continue // corrections are not invoiced
 		}
 		e, amount, err := invoiceEvent(r.o.Seed, i, ev, time.Now())
 		if err != nil {

@@ -14,7 +14,8 @@ import (
 
 // producer plays the application: it stages Items usage events at an even
 // pace over StageFor, through the usage gate in transactions of a tick's
-// worth, HotShare of them for the hot tenants. A batch whose transaction
+// worth, HotShare of them for the hot tenants, CorrectionShare of them
+// corrections of earlier events (events). A batch whose transaction
 // fails is retried as it is (recording is idempotent by event id), so an
 // interrupted commit never loses nor doubles an event.
 type producer struct {
@@ -31,19 +32,45 @@ func (p *producer) staged() int {
 	return p.n
 }
 
-// events returns the run's events, deterministic in the seed.
+// Corrections the producer stages (Options.CorrectionShare of the items)
+// name an event staged between correctionLag[0] and correctionLag[1] items
+// earlier, of the same tenant: by then it is usually accepted, sometimes
+// still open (the correction then waits for it).
+var correctionLag = [2]int{200, 2000}
+
+// events returns the run's events, deterministic in the seed. With
+// Options.CorrectionShare, that share of them (after the first
+// correctionLag[0]) are corrections of an earlier plain event: half
+// negative (−d, 1 ≤ d ≤ its quantity: Stripe's record is cancelled and the
+// rest restated; at most one negative correction per event, so chains stay
+// linear), half positive (+1..+20, a compensating event).
 func (p *producer) events(now time.Time) []usage.Event {
 	o := p.r.o
 	rng := rand.New(rand.NewPCG(o.Seed, 0x70726f64)) // "prod"
 	evs := make([]usage.Event, o.Items)
+	cancelled := map[int]bool{} // plain events a negative correction names
 	for i := range evs {
+		id := fmt.Sprintf("chaos-%d-%06d", o.Seed, i)
+		if i >= correctionLag[0] && rng.Float64() < o.CorrectionShare {
+			j := i - correctionLag[0] - rng.IntN(min(i, correctionLag[1])-correctionLag[0]+1)
+			if t := evs[j]; t.CorrectsEventID == "" {
+				c := usage.Event{Tenant: t.Tenant, EventID: id, Feature: feature, OccurredAt: now, CorrectsEventID: t.EventID,
+					Quantity: 1 + rng.Int64N(20)}
+				if rng.IntN(2) == 0 && !cancelled[j] {
+					cancelled[j] = true
+					c.Quantity = -(1 + rng.Int64N(t.Quantity))
+				}
+				evs[i] = c
+				continue
+			}
+		}
 		var tenant string
 		if rng.Float64() < o.HotShare {
 			tenant = p.r.hot[rng.IntN(len(p.r.hot))]
 		} else {
 			tenant = p.r.cold[rng.IntN(len(p.r.cold))]
 		}
-		evs[i] = usage.Event{Tenant: tenant, EventID: fmt.Sprintf("chaos-%d-%06d", o.Seed, i), Feature: feature,
+		evs[i] = usage.Event{Tenant: tenant, EventID: id, Feature: feature,
 			Quantity: 1 + rng.Int64N(100), OccurredAt: now}
 	}
 	return evs

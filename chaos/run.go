@@ -31,6 +31,9 @@ type Options struct {
 	HotTenants  int
 	ColdTenants int
 	HotShare    float64
+	// CorrectionShare of the items are corrections of an earlier event of
+	// the same tenant (producer.events), half negative, half positive.
+	CorrectionShare float64
 	// StageFor: how long the producer stages; faults run while it does.
 	StageFor time.Duration
 	// FaultGap: the gap between two faults is drawn in [FaultGap[0], FaultGap[1]].
@@ -107,6 +110,7 @@ const ShortEmulatorFaults = "latency=20ms,http429=0.02,http500=0.02,drop-after-a
 func Short(seed uint64) Options {
 	o := KillTrial(seed)
 	o.Items = 3000
+	o.CorrectionShare = 0.03
 	o.StageFor = 150 * time.Second
 	o.FaultGap = [2]time.Duration{1200 * time.Millisecond, 3 * time.Second}
 	o.Weights = DefaultWeights()

@@ -122,7 +122,7 @@ func printReport(r *chaos.Report) {
 	}
 	sort.Strings(kinds)
 	fmt.Fprintf(w, "aurora chaos — seed %d (%s)\n", r.Seed, r.Command)
-	fmt.Fprintf(w, "  items            %d staged, %d rows, by state %v\n", r.Items, r.Staged, r.ByState)
+	fmt.Fprintf(w, "  items            %d staged (%d corrections), %d rows, by state %v\n", r.Items, r.Corrections, r.Staged, r.ByState)
 	fmt.Fprintf(w, "  faults           %d injected (%s), %d skipped (no target up), %d of them after the staging ended\n", total, strings.Join(kinds, " "), r.FaultsSkipped, r.FaultsAfterStaging)
 	fmt.Fprintf(w, "  lost             %d\n", r.Lost)
 	fmt.Fprintf(w, "  applied twice    %d\n", r.AppliedTwice)
