@@ -96,14 +96,14 @@ type LaneWait struct {
 }
 
 type item struct {
-	key      string
-	tenant   string
-	quantity int64
-	corrects string // a correction's: the key of the item it corrects
-	state    string
-	attempts int
-	created  float64 // Unix seconds
-	updated  float64
+	key        string
+	tenant     string
+	quantity   int64
+	corrects   string // a correction's: the key of the item it corrects
+	state      string
+	attempts   int
+	created    float64 // Unix seconds
+	acceptedAt float64 // Unix seconds: its accepted attempt's end (updated_at when none)
 }
 
 type appliedEvent struct {
@@ -153,7 +153,10 @@ func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
 		}
 	}
 	rows, err := r.pool.Query(ctx, `SELECT o.idempotency_key, o.tenant, o.quantity, o.state::text, o.attempts,
-		extract(epoch FROM o.created_at)::float8, extract(epoch FROM o.updated_at)::float8, coalesce(t.idempotency_key, '')
+		extract(epoch FROM o.created_at)::float8,
+		-- when it was accepted: its accepted attempt's end (updated_at moves again at confirmation)
+		extract(epoch FROM coalesce((SELECT max(a.finished_at) FROM outbox_attempts a WHERE a.item_id = o.id AND a.outcome = 'accepted'), o.updated_at))::float8,
+		coalesce(t.idempotency_key, '')
 		FROM outbox_items o
 		LEFT JOIN usage_events c ON c.item_id = o.id AND c.kind = 'correction'
 		LEFT JOIN usage_events x ON x.tenant = c.tenant AND x.event_id = c.corrects_event_id
@@ -164,7 +167,7 @@ func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
 	var items []item
 	for rows.Next() {
 		var it item
-		if err := rows.Scan(&it.key, &it.tenant, &it.quantity, &it.state, &it.attempts, &it.created, &it.updated, &it.corrects); err != nil {
+		if err := rows.Scan(&it.key, &it.tenant, &it.quantity, &it.state, &it.attempts, &it.created, &it.acceptedAt, &it.corrects); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -252,7 +255,7 @@ func (r *run) check(ctx context.Context, prod *producer) (*Report, error) {
 		switch it.state {
 		case "accepted", "confirmed":
 			rep.Committed += it.quantity
-			lat = append(lat, it.updated-it.created)
+			lat = append(lat, it.acceptedAt-it.created)
 			switch {
 			case times[it.key] == 0 && cancels[it.key] == 0 && (w.live > 0 || w.cancelled):
 				rep.Lost++
@@ -365,7 +368,7 @@ func (r *run) laneWaits(rep *Report, items []item) {
 	accepted := map[string][]float64{} // tenant → acceptance times, sorted
 	for _, it := range items {
 		if it.state == "accepted" || it.state == "confirmed" {
-			accepted[it.tenant] = append(accepted[it.tenant], it.updated)
+			accepted[it.tenant] = append(accepted[it.tenant], it.acceptedAt)
 		}
 	}
 	for _, ts := range accepted {

@@ -80,13 +80,22 @@ func (r *run) checkStream(ctx context.Context, rep *Report) error {
 	return nil
 }
 
-// Recovery is how long a kind of fault held back new work: for each
-// fault, from when it hit to the first acceptance of an item staged after
-// it (faults with no later item are left out), in seconds.
+// Recovery is how long a kind of fault held back work, in seconds, p50 and
+// max over that kind's faults:
+//
+//   - P50/Max: from when the fault hit to the first acceptance of an item
+//     staged after it (faults with no later item are left out): how long
+//     new usage waited. Under a backlog (the long mode's hot lanes) this is
+//     the backlog's latency, whatever the fault;
+//   - StallP50/StallMax: from when it hit to the next acceptance of any
+//     item: how long the pipeline as a whole stopped (a fault that takes
+//     one deliverer away barely shows; Postgres or NATS down shows whole).
 type Recovery struct {
-	N   int     `json:"n"`
-	P50 float64 `json:"p50_seconds"`
-	Max float64 `json:"max_seconds"`
+	N        int     `json:"n"`
+	P50      float64 `json:"p50_seconds"`
+	Max      float64 `json:"max_seconds"`
+	StallP50 float64 `json:"stall_p50_seconds"`
+	StallMax float64 `json:"stall_max_seconds"`
 }
 
 // recoveryTimes fills rep.Recovery from the faults and the items.
@@ -95,7 +104,7 @@ func (r *run) recoveryTimes(rep *Report, items []item) {
 	var acs []acc
 	for _, it := range items {
 		if it.state == "accepted" || it.state == "confirmed" {
-			acs = append(acs, acc{it.created, it.updated})
+			acs = append(acs, acc{it.created, it.acceptedAt})
 		}
 	}
 	sort.Slice(acs, func(i, j int) bool { return acs[i].created < acs[j].created })
@@ -109,12 +118,20 @@ func (r *run) recoveryTimes(rep *Report, items []item) {
 			first[i] = first[i+1]
 		}
 	}
-	by := map[FaultKind][]float64{}
+	accepted := make([]float64, len(acs))
+	for i, a := range acs {
+		accepted[i] = a.accepted
+	}
+	sort.Float64s(accepted)
+	by, stall := map[FaultKind][]float64{}, map[FaultKind][]float64{}
 	for _, f := range r.faultList() {
 		if f.Skipped {
 			continue
 		}
 		at := float64(f.Start.UnixNano()) / 1e9
+		if j := sort.SearchFloat64s(accepted, at); j < len(accepted) {
+			stall[f.Kind] = append(stall[f.Kind], accepted[j]-at)
+		}
 		i := sort.Search(len(acs), func(i int) bool { return acs[i].created >= at })
 		if i == len(acs) {
 			continue
@@ -124,6 +141,11 @@ func (r *run) recoveryTimes(rep *Report, items []item) {
 	rep.Recovery = map[FaultKind]Recovery{}
 	for k, xs := range by {
 		sort.Float64s(xs)
-		rep.Recovery[k] = Recovery{N: len(xs), P50: quantile(xs, 0.5), Max: xs[len(xs)-1]}
+		rc := Recovery{N: len(xs), P50: quantile(xs, 0.5), Max: xs[len(xs)-1]}
+		if ss := stall[k]; len(ss) > 0 {
+			sort.Float64s(ss)
+			rc.StallP50, rc.StallMax = quantile(ss, 0.5), ss[len(ss)-1]
+		}
+		rep.Recovery[k] = rc
 	}
 }

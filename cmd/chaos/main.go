@@ -144,7 +144,7 @@ func printReport(r *chaos.Report) {
 	sort.Strings(rk)
 	for _, k := range rk {
 		rc := r.Recovery[chaos.FaultKind(k)]
-		fmt.Fprintf(w, "  recovery         %-20s n=%d, to the next new item accepted p50 %.1fs, max %.1fs\n", k, rc.N, rc.P50, rc.Max)
+		fmt.Fprintf(w, "  recovery         %-20s n=%d, to the next new item accepted p50 %.1fs, max %.1fs; to the next acceptance p50 %.1fs, max %.1fs\n", k, rc.N, rc.P50, rc.Max, rc.StallP50, rc.StallMax)
 	}
 	fmt.Fprintf(w, "  staged→accepted  p50 %.2fs, p99 %.2fs, max %.2fs\n", r.AcceptP50, r.AcceptP99, r.AcceptMax)
 	fmt.Fprintf(w, "  exited by itself %v (restarted by the harness)\n", r.Exits)
