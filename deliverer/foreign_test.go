@@ -1,13 +1,12 @@
 package deliverer_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/aurora-billing/aurora/internal/syncbuf"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,24 +18,6 @@ import (
 	"github.com/aurora-billing/aurora/stripeemulator"
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-// lockedBuffer is a log sink safe for concurrent writers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // Must show (issue 19): a deliverer pointed at a second database beside a
 // running pipeline (a wrong AURORA_DATABASE_URL sharing the NATS) refuses to
@@ -83,7 +64,7 @@ func TestMustShowSecondDatabaseRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	foreign, err := deliverer.New(other, h.js, exp, testConfig(), deliverer.WithClock(h.clk),
 		deliverer.WithLogger(slog.New(slog.NewTextHandler(logs, nil))), deliverer.WithRegisterer(prometheus.NewRegistry()))
 	if err != nil {

@@ -3,6 +3,7 @@ package deliverer_test
 import (
 	"context"
 	"fmt"
+	"github.com/aurora-billing/aurora/internal/syncbuf"
 	"log/slog"
 	"strings"
 	"testing"
@@ -39,7 +40,7 @@ func TestClaimFailuresLogAtMostEveryFewSeconds(t *testing.T) {
 		subject, msg := laneMessage(t, h.pool, got)
 		pubs = append(pubs, pub{subject, msg.Encode(), outbox.MsgID(got.IdempotencyKey, got.Dispatch), row.ID})
 	}
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	r := h.start(testConfig(), deliverer.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
 	h.await("ready", func() bool { return r.d.Ready() == nil })
 

@@ -1,10 +1,9 @@
 package deliverer_test
 
 import (
-	"bytes"
+	"github.com/aurora-billing/aurora/internal/syncbuf"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -51,30 +50,13 @@ func TestShutdownTimeoutCancelsCalls(t *testing.T) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestLogsAndMetrics: logs carry item ids and key prefixes, never customer
 // ids, payload values, full keys, Stripe messages or the API key; outcomes
 // are counted by kind and reason.
 func TestLogsAndMetrics(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, stripeemulator.Faults{})
-	var buf syncBuffer
+	var buf syncbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	r := h.start(testConfig(), deliverer.WithLogger(log))
 	ok := h.stage(h.item("org_1", "event:log-ok", 424242))

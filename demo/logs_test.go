@@ -2,33 +2,14 @@ package demo
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/aurora-billing/aurora/internal/syncbuf"
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 )
-
-// syncBuffer is a bytes.Buffer safe for the concurrent writers of a run.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // rawHosts returns the client hosts of an access log (the first field of
 // each line): the demo turns each into an anonymised tenant, so none may
@@ -60,7 +41,7 @@ func rawHosts(t *testing.T, path string) map[string]bool {
 // tenant's raw host.
 func TestDemoLogsCarryNoSecretsOrPersonalData(t *testing.T) {
 	t.Parallel()
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	o := testOptions(t)
 	input := accessLog
 	if p := os.Getenv("AURORA_TEST_ACCESS_LOG"); p != "" {

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"github.com/aurora-billing/aurora/internal/syncbuf"
 	"net/url"
 	"os"
 	"os/exec"
@@ -565,7 +566,7 @@ func (e *composeEnv) start(name string, replica int, s composeService) *composeP
 		bound = iv * time.Duration(s.Healthcheck.Retries)
 	}
 	p := &composeProc{name: label, check: check, env: environ, bound: bound, oneShot: s.Restart == "no",
-		log: &lockedBuffer{}, done: make(chan struct{})}
+		log: &syncbuf.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(argv[0], argv[1:]...)
 	p.cmd.Env = environ
 	p.cmd.Dir = home
@@ -589,7 +590,7 @@ type composeProc struct {
 	env     []string
 	bound   time.Duration // interval × retries: compose gives up after it
 	oneShot bool          // restart: "no" (the migration)
-	log     *lockedBuffer
+	log     *syncbuf.Buffer
 	done    chan struct{}
 	err     error
 	healthy bool
@@ -698,21 +699,4 @@ func (p *composeProc) logTail() string {
 		lines = lines[len(lines)-40:]
 	}
 	return "--- " + p.name + " output (last " + strconv.Itoa(len(lines)) + " lines):\n" + strings.Join(lines, "\n")
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

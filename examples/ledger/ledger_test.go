@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/aurora-billing/aurora/internal/syncbuf"
 	"net"
 	"strings"
 	"sync"
@@ -327,7 +328,7 @@ func TestRunWaitsForAnUnreachableDatabase(t *testing.T) {
 	t.Setenv("AURORA_DATABASE_URL", "postgres://postgres@"+addr+"/test?connect_timeout=1")
 	t.Setenv("AURORA_NATS_URL", natstest.New(t).URL())
 	ctx, cancel := context.WithCancel(context.Background())
-	var stderr syncBuffer
+	var stderr syncbuf.Buffer
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, nil, &stderr) }()
 	select {
@@ -347,23 +348,4 @@ func TestRunWaitsForAnUnreachableDatabase(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("run did not stop")
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the logger's writes and the test's
-// reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -1,0 +1,30 @@
+// Package syncbuf holds Buffer, a bytes.Buffer safe for concurrent use: the
+// log sink of tests whose loggers write from many goroutines while the test
+// reads what was written.
+package syncbuf
+
+import (
+	"bytes"
+	"sync"
+)
+
+// Buffer is a bytes.Buffer whose Write and String may be called
+// concurrently. The zero value is an empty buffer ready to use.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p; it never fails.
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
