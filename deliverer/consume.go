@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/aurora-billing/aurora/shared/jsapi"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -92,7 +93,6 @@ func (d *Deliverer) prepare(ctx context.Context) (int, error) {
 			}
 			continue
 		}
-		var apiErr *jetstream.APIError
 		switch {
 		case errors.Is(err, ErrForeignDatabase):
 			return 0, err
@@ -100,9 +100,9 @@ func (d *Deliverer) prepare(ctx context.Context) (int, error) {
 			d.log.Info("deliverer: waiting for stream", "stream", outbox.StreamName)
 		case errors.Is(err, ErrNoPartitions):
 			d.log.Warn("deliverer: waiting for a relay that partitions the stream", "err", err)
-		case errors.As(err, &apiErr) && apiErr.Code < 500:
+		case jsapi.Refused(err):
 			return 0, fmt.Errorf("deliverer: stream %s: %w", outbox.StreamName, err)
-		case errors.As(err, &apiErr):
+		case jsapi.Unavailable(err):
 			// 503 "JetStream system temporarily unavailable" (no stream
 			// leader, a cluster without quorum) passes like an outage: the
 			// chaos long run saw deliverers exit on it while NATS nodes

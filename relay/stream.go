@@ -2,8 +2,8 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"github.com/aurora-billing/aurora/shared/jsapi"
 	"slices"
 	"strconv"
 	"time"
@@ -76,8 +76,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 	}
 	s, err := js.CreateOrUpdateStream(ctx, want)
 	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) {
+		if jsapi.Refused(err) { // a 5xx (no leader, no quorum) is worth retrying
 			return nil, fmt.Errorf("%w: %s: %w", ErrStreamConfig, outbox.StreamName, err)
 		}
 		return nil, fmt.Errorf("relay: ensure stream %s: %w", outbox.StreamName, err)

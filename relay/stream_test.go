@@ -129,3 +129,35 @@ func TestEnsureStreamRefusesAnotherDatabaseAndRepartitioning(t *testing.T) {
 		t.Fatalf("repartitioning a non-empty stream: %v, want ErrStreamConfig", err)
 	}
 }
+
+// answering is JetStream whose stream calls all get err.
+type answering struct {
+	jetstream.JetStream
+	err error
+}
+
+func (a answering) Stream(context.Context, string) (jetstream.Stream, error) { return nil, a.err }
+func (a answering) CreateOrUpdateStream(context.Context, jetstream.StreamConfig) (jetstream.Stream, error) {
+	return nil, a.err
+}
+
+// JetStream refusing the stream stops the relay with ErrStreamConfig;
+// JetStream not able to answer (503, 10008: no leader, no quorum) is an
+// outage the relay retries (the chaos long run saw relays exit on it).
+func TestEnsureStreamTellsRefusalFromUnavailable(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t, natstest.New(t))
+	for _, c := range []struct {
+		name    string
+		err     error
+		refused bool
+	}{
+		{"503 no leader", &jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}, false},
+		{"500 refused (10052)", &jetstream.APIError{Code: 500, ErrorCode: 10052, Description: "stream configuration update can not change storage type"}, true},
+	} {
+		_, err := EnsureStream(context.Background(), answering{js, c.err}, DefaultStreamConfig())
+		if err == nil || errors.Is(err, ErrStreamConfig) != c.refused {
+			t.Errorf("%s: err %v, want refused=%v", c.name, err, c.refused)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/aurora-billing/aurora/shared/jsapi"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -68,11 +69,11 @@ func (w *worker) consumeOnce(ctx context.Context) error {
 	cancel()
 	if err != nil {
 		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.ErrorCode != jetstream.JSErrCodeStreamNotFound {
+		switch {
+		case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamNotFound:
+			_, _ = EnsureStream(ctx, w.c.js, w.c.cfg) // the stream was deleted: make it again
+		case jsapi.Refused(err): // a 5xx (no leader, no quorum) is retried
 			return fmt.Errorf("%w: consumer %s: %w", ErrStreamConfig, w.name, err)
-		}
-		if errors.As(err, &apiErr) { // the stream was deleted: make it again
-			_, _ = EnsureStream(ctx, w.c.js, w.c.cfg)
 		}
 		return err
 	}

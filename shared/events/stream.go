@@ -2,8 +2,8 @@ package events
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"github.com/aurora-billing/aurora/shared/jsapi"
 	"slices"
 	"time"
 
@@ -48,8 +48,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jets
 	}
 	s, err := js.CreateOrUpdateStream(ctx, want)
 	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) {
+		if jsapi.Refused(err) { // a 5xx (no leader, no quorum) is worth retrying
 			return nil, fmt.Errorf("%w: %s: %w", ErrStreamConfig, StreamName, err)
 		}
 		return nil, fmt.Errorf("events: ensure stream %s: %w", StreamName, err)
