@@ -68,6 +68,10 @@ type Options struct {
 	// WebhookCustomers: customers whose Stripe webhooks the sender plays
 	// to the inboxes (webhooks.go); 0 = 40, negative = none.
 	WebhookCustomers int
+	// EventsDispatchMaxAttempts: the relays' AURORA_EVENTS_DISPATCH_MAX_ATTEMPTS
+	// (0 = the default, 10: about 3 minutes of failed publishes before a
+	// domain event is dead-lettered dispatch_exhausted for an operator).
+	EventsDispatchMaxAttempts int
 	// DrainTimeout: how long after the last fault everything staged must
 	// reach a state nothing automatic leaves.
 	DrainTimeout time.Duration
@@ -133,6 +137,11 @@ func Long(seed uint64) Options {
 	// staging (kill_owner waits up to the take-over time for an owner):
 	// fired on time they all come while the producer stages
 	o.OverlapFaults = true
+	// its overlapping NATS faults keep JetStream without a leader for
+	// minutes at a time: with the default 10 publish attempts (about 3
+	// minutes) the third long run dead-lettered one domain event
+	// (dispatch_exhausted); 30 attempts ride out about 25 minutes
+	o.EventsDispatchMaxAttempts = 30
 	// the hot lanes (60 % of the items on four lanes, each at most one
 	// call at a time: about 50 items/s at 20 ms) build a backlog of tens
 	// of thousands while their owners are killed every few seconds; it
@@ -482,10 +491,13 @@ func (r *run) startServices(ctx context.Context) error {
 			return err
 		}
 		addr := "127.0.0.1:" + strconv.Itoa(port)
-		p := &proc{name: fmt.Sprintf("relay-%d", i), supervise: true, bin: r.o.Bin.Aurora, dir: r.dir, args: []string{"relay"}, env: env(
-			"AURORA_DATABASE_URL="+r.dbURL, "AURORA_NATS_URL="+r.natsURL, "AURORA_RELAY_HTTP_ADDR="+addr,
-			"AURORA_RELAY_POLL_MS=200", "AURORA_OUTBOX_PARTITIONS="+strconv.Itoa(r.o.Partitions),
-			"AURORA_OUTBOX_STREAM_REPLICAS="+strconv.Itoa(r.o.NATSNodes), "AURORA_EVENTS_STREAM_REPLICAS="+strconv.Itoa(r.o.NATSNodes))}
+		kv := []string{"AURORA_DATABASE_URL=" + r.dbURL, "AURORA_NATS_URL=" + r.natsURL, "AURORA_RELAY_HTTP_ADDR=" + addr,
+			"AURORA_RELAY_POLL_MS=200", "AURORA_OUTBOX_PARTITIONS=" + strconv.Itoa(r.o.Partitions),
+			"AURORA_OUTBOX_STREAM_REPLICAS=" + strconv.Itoa(r.o.NATSNodes), "AURORA_EVENTS_STREAM_REPLICAS=" + strconv.Itoa(r.o.NATSNodes)}
+		if n := r.o.EventsDispatchMaxAttempts; n > 0 {
+			kv = append(kv, "AURORA_EVENTS_DISPATCH_MAX_ATTEMPTS="+strconv.Itoa(n))
+		}
+		p := &proc{name: fmt.Sprintf("relay-%d", i), supervise: true, bin: r.o.Bin.Aurora, dir: r.dir, args: []string{"relay"}, env: env(kv...)}
 		if err := p.start(); err != nil {
 			return err
 		}
