@@ -101,13 +101,10 @@ func (d *Deliverer) prepare(ctx context.Context) (int, error) {
 		case errors.Is(err, ErrNoPartitions):
 			d.log.Warn("deliverer: waiting for a relay that partitions the stream", "err", err)
 		case jsapi.Refused(err):
+			// JetStream refused the lookup; "temporarily unavailable" (no
+			// stream leader, no quorum: jsapi.Unavailable) is not a refusal
+			// and waits below like an unreachable JetStream.
 			return 0, fmt.Errorf("deliverer: stream %s: %w", outbox.StreamName, err)
-		case jsapi.Unavailable(err):
-			// 503 "JetStream system temporarily unavailable" (no stream
-			// leader, a cluster without quorum) passes like an outage: the
-			// chaos long run saw deliverers exit on it while NATS nodes
-			// were down.
-			d.log.Warn("deliverer: JetStream not available yet, retrying", "err", err, "retry_in", wait)
 		case ctx.Err() != nil:
 			return 0, ctx.Err()
 		default:
