@@ -12,43 +12,58 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// claimDueSQL selects up to $2 rows that need their current dispatch
-// published: due (pending with next_attempt_at <= now, or leased with an
-// expired lease) and published_dispatch < dispatch. There is no cursor: a
-// row whose transaction commits after a higher id's is simply due and
-// unpublished when it becomes visible (Postgres hands out sequence values at
-// insert, not at commit, so ids commit out of order). FOR UPDATE SKIP LOCKED: concurrent workers and
-// relays take disjoint rows, and the locks, held until the marks commit,
-// keep anyone else from publishing the same dispatch meanwhile.
+// claimDueSQL takes up to $2 due wake-up calls from outbox_publish_queue
+// (migration 00308: triggers queue one row per dispatch to publish, at
+// staging and whenever a dispatch moves) and returns the items still worth
+// publishing, oldest due first. The queue rows are deleted in the batch's
+// transaction (FOR UPDATE SKIP LOCKED, so concurrent workers and relays
+// take disjoint rows): a batch that rolls back, or a relay that dies,
+// leaves them queued.
 //
-// Two index-ordered scans, each stopping at its LIMIT: expired leases first
-// (outbox_items_leased_expiry_idx, bounded by now, normally empty), then
-// pending rows in due order (outbox_items_unpublished_idx) for the rest of
-// the batch. One statement with an OR over both states was answered with a
-// bitmap scan that read every unpublished row and every leased row, then
-// sorted them, on every batch: a cost that grew with the backlog
-// (auto_explain on the demo: 28 ms a batch).
+// Each taken row is judged against its item, by the database clock (or $1):
+//   - due: the item is still at that dispatch, unpublished for it, and
+//     pending with next_attempt_at <= now or leased with an expired lease.
+//     Returned, at most once per item.
+//   - later: the same, but not due yet (a lease still live, a due time
+//     moved later). Queued again at the item's own due time.
+//   - gone: the item moved on (another dispatch, already published, a
+//     terminal state). Dropped; a new dispatch has a queue row of its own.
+//
+// There is no cursor over outbox_items: a row whose transaction commits
+// after a higher id's simply has its queue row appear at commit.
 const claimDueSQL = `
-WITH expired AS MATERIALIZED (
-    SELECT id, idempotency_key, exporter, tenant, dispatch, feature, destination_account
-    FROM outbox_items
-    WHERE state = 'leased' AND published_dispatch < dispatch
-      AND lease_expires_at < coalesce($1::timestamptz, now())
-    ORDER BY lease_expires_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), due AS MATERIALIZED (
-    SELECT id, idempotency_key, exporter, tenant, dispatch, feature, destination_account
-    FROM outbox_items
-    WHERE state = 'pending' AND published_dispatch < dispatch
-      AND next_attempt_at <= coalesce($1::timestamptz, now())
-    ORDER BY next_attempt_at
-    LIMIT greatest($2 - (SELECT count(*) FROM expired), 0)
-    FOR UPDATE SKIP LOCKED
+WITH clk AS (SELECT coalesce($1::timestamptz, now()) AS now),
+taken AS (
+    DELETE FROM outbox_publish_queue
+    WHERE ctid = ANY (ARRAY(
+        SELECT q.ctid FROM outbox_publish_queue q
+        WHERE q.due_at <= (SELECT now FROM clk)
+        ORDER BY q.due_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED))
+    RETURNING item_id, dispatch, due_at
+),
+judged AS MATERIALIZED (
+    SELECT t.item_id, t.dispatch, t.due_at AS queued_at, o.idempotency_key, o.exporter, o.tenant, o.feature,
+           o.destination_account,
+           CASE WHEN o.state = 'leased' THEN o.lease_expires_at ELSE o.next_attempt_at END AS due_at,
+           CASE
+               WHEN o.id IS NULL OR o.dispatch <> t.dispatch OR o.published_dispatch >= o.dispatch
+                    OR o.state NOT IN ('pending', 'leased') THEN 'gone'
+               WHEN o.state = 'pending' AND o.next_attempt_at > clk.now THEN 'later'
+               WHEN o.state = 'leased' AND o.lease_expires_at >= clk.now THEN 'later'
+               ELSE 'due'
+           END AS verdict
+    FROM taken t CROSS JOIN clk
+    LEFT JOIN outbox_items o ON o.id = t.item_id
+),
+requeued AS (
+    INSERT INTO outbox_publish_queue (item_id, dispatch, due_at)
+    SELECT DISTINCT item_id, dispatch, due_at FROM judged WHERE verdict = 'later'
 )
-SELECT c.id, c.idempotency_key, c.exporter, c.tenant, c.dispatch, c.feature, c.destination_account,
-       b.stripe_customer, m.meter_id
-FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) c
+SELECT c.item_id, c.idempotency_key, c.exporter, c.tenant, c.dispatch, c.feature, c.destination_account,
+       c.queued_at, b.stripe_customer, m.meter_id
+FROM (SELECT DISTINCT ON (item_id) * FROM judged WHERE verdict = 'due' ORDER BY item_id, queued_at) c
 -- The lane (account, customer, meter): one key lookup each (LIMIT 1 keeps
 -- them lookups).
 LEFT JOIN LATERAL (
@@ -58,16 +73,27 @@ LEFT JOIN LATERAL (
 LEFT JOIN LATERAL (
     SELECT m.meter_id FROM meter_mappings m
     WHERE m.destination_account = c.destination_account AND m.feature = c.feature LIMIT 1
-) m ON true`
+) m ON true
+ORDER BY c.due_at, c.item_id`
 
-// markPublishedSQL records the PubAck'd dispatch of each locked row. The
-// dispatch check is belt and braces: the batch holds the row locks, so no
-// one can have changed it.
+// markPublishedSQL records the PubAck'd dispatch of each row that is still
+// at it. The batch holds no lock on the items, so a row whose dispatch moved
+// on meanwhile (a retry recorded within the batch) is left alone: its new
+// dispatch is queued, and the message of the old one is acknowledged by the
+// deliverer that receives it. The update touches only published_dispatch
+// and published_at, which no index reads, and keeps updated_at (migration
+// 00308): a heap-only update.
 const markPublishedSQL = `
 UPDATE outbox_items o
 SET published_dispatch = p.dispatch, published_at = coalesce($3::timestamptz, now())
 FROM unnest($1::bigint[], $2::int[]) AS p(id, dispatch)
-WHERE o.id = p.id AND o.dispatch = p.dispatch`
+WHERE o.id = p.id AND o.dispatch = p.dispatch AND o.published_dispatch < p.dispatch`
+
+// requeueSQL puts back the queue rows of items whose publish failed, at
+// their old due time: the next batch takes them again.
+const requeueSQL = `
+INSERT INTO outbox_publish_queue (item_id, dispatch, due_at)
+SELECT * FROM unnest($1::bigint[], $2::int[], $3::timestamptz[])`
 
 // claimed is one row of a batch, with the lane it was read on.
 type claimed struct {
@@ -78,7 +104,8 @@ type claimed struct {
 	dispatch int32
 	feature  string
 	account  string
-	customer *string // nil: the tenant has no Stripe customer on the account
+	queued   time.Time // the due time its queue row carried
+	customer *string   // nil: the tenant has no Stripe customer on the account
 	meter    *string // nil: the feature has no meter on the account
 }
 
@@ -173,12 +200,17 @@ func (r *Relay) batch(ctx context.Context) (n int, err error) {
 			return len(items), &fatalError{err}
 		}
 	}
-	if err := r.markAndCommit(bctx, conn.Conn(), acked); err != nil {
-		// The marks are lost, the messages are not: the rows are published
-		// again with the same dispatch and JetStream drops the copies.
+	stale, err := r.markAndCommit(bctx, conn.Conn(), items, acked)
+	if err != nil {
+		// The marks are lost, the messages are not: the rollback queues the
+		// rows again, they are published again with the same dispatch and
+		// JetStream drops the copies.
 		return len(items), err
 	}
 	r.m.published.Add(float64(len(acked)))
+	if stale > 0 {
+		r.m.staleMarks.Add(float64(stale))
+	}
 	if h := r.hooks.afterCommit; h != nil && len(acked) > 0 {
 		h(itemIDs(acked))
 	}
@@ -207,7 +239,7 @@ func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]claimed, error) {
 	items := make([]claimed, 0, r.cfg.Outbox.BatchSize)
 	for rows.Next() {
 		var c claimed
-		if err := rows.Scan(&c.id, &c.key, &c.exporter, &c.tenant, &c.dispatch, &c.feature, &c.account, &c.customer, &c.meter); err != nil {
+		if err := rows.Scan(&c.id, &c.key, &c.exporter, &c.tenant, &c.dispatch, &c.feature, &c.account, &c.queued, &c.customer, &c.meter); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("relay: claim scan: %w", err)
 		}
@@ -222,44 +254,65 @@ func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]claimed, error) {
 	return items, nil
 }
 
-// markAndCommit records the acknowledged dispatches and commits, in one
-// round trip. Every row the UPDATE marks was acknowledged for exactly that
-// dispatch, so the commit is right even if fewer rows matched than were
-// acknowledged; that case (impossible while the batch holds the row locks)
-// is reported as ErrMarkMismatch after the commit, and the unmarked rows are
-// simply published again.
-func (r *Relay) markAndCommit(ctx context.Context, conn *pgx.Conn, acked []claimed) error {
-	if len(acked) == 0 {
-		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
-			return fmt.Errorf("relay: commit: %w", err)
-		}
-		return nil
-	}
-	ids := make([]int64, len(acked))
-	dispatches := make([]int32, len(acked))
-	for i, c := range acked {
-		ids[i], dispatches[i] = c.id, c.dispatch
-	}
+// markAndCommit records the acknowledged dispatches, puts the queue rows of
+// the rest of the batch back (their publish failed or timed out) and
+// commits, in one round trip. A row that fewer marks matched than were
+// acknowledged moved to another dispatch meanwhile (markPublishedSQL); the
+// count of such rows is returned for the stale-mark metric.
+func (r *Relay) markAndCommit(ctx context.Context, conn *pgx.Conn, items, acked []claimed) (stale int, err error) {
 	b := &pgx.Batch{}
-	b.Queue(markPublishedSQL, ids, dispatches, r.clk.Override())
+	if len(acked) > 0 {
+		ids := make([]int64, len(acked))
+		dispatches := make([]int32, len(acked))
+		for i, c := range acked {
+			ids[i], dispatches[i] = c.id, c.dispatch
+		}
+		b.Queue(markPublishedSQL, ids, dispatches, r.clk.Override())
+	}
+	if failed := unacked(items, acked); len(failed) > 0 {
+		ids := make([]int64, len(failed))
+		dispatches := make([]int32, len(failed))
+		dues := make([]time.Time, len(failed))
+		for i, c := range failed {
+			ids[i], dispatches[i], dues[i] = c.id, c.dispatch, c.queued
+		}
+		b.Queue(requeueSQL, ids, dispatches, dues)
+	}
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
-	tag, err := br.Exec()
-	if err != nil {
-		_ = br.Close()
-		return fmt.Errorf("relay: mark published: %w", err)
+	if len(acked) > 0 {
+		tag, err := br.Exec()
+		if err != nil {
+			_ = br.Close()
+			return 0, fmt.Errorf("relay: mark published: %w", err)
+		}
+		stale = len(acked) - int(tag.RowsAffected())
 	}
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		return fmt.Errorf("relay: commit: %w", err)
+	for i := 1; i < b.Len(); i++ {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return 0, fmt.Errorf("relay: requeue and commit: %w", err)
+		}
 	}
 	if err := br.Close(); err != nil {
-		return fmt.Errorf("relay: commit: %w", err)
+		return 0, fmt.Errorf("relay: commit: %w", err)
 	}
-	if tag.RowsAffected() != int64(len(acked)) {
-		return fmt.Errorf("%w: %d marked, %d acknowledged", ErrMarkMismatch, tag.RowsAffected(), len(acked))
+	return stale, nil
+}
+
+// unacked returns the items of a batch whose publish was not acknowledged
+// (acked is a subsequence of items, in the same order).
+func unacked(items, acked []claimed) []claimed {
+	var out []claimed
+	j := 0
+	for _, c := range items {
+		if j < len(acked) && acked[j].id == c.id {
+			j++
+			continue
+		}
+		out = append(out, c)
 	}
-	return nil
+	return out
 }
 
 func itemIDs(cs []claimed) []int64 {

@@ -11,10 +11,6 @@ var (
 	// The row stays unpublished and is published again (same dispatch, so
 	// JetStream drops the copy if the first one did arrive).
 	ErrPublishTimeout = errors.New("relay: no PubAck within the publish timeout")
-	// ErrMarkMismatch: fewer rows were marked published than were
-	// acknowledged, which the row locks held by the batch should make
-	// impossible; the rows left unmarked are published again.
-	ErrMarkMismatch = errors.New("relay: marked rows differ from acknowledged rows")
 	// ErrNATSUnavailable: the NATS connection is not up; the worker backs
 	// off without claiming rows until it reconnects.
 	ErrNATSUnavailable = errors.New("relay: NATS connection not established")

@@ -27,6 +27,7 @@ type metrics struct {
 	duplicates    prometheus.Counter
 	publishErrors *prometheus.CounterVec
 	redispatched  prometheus.Counter
+	staleMarks    prometheus.Counter
 	batchErrors   prometheus.Counter
 	inflight      prometheus.GaugeFunc
 	backlog       *backlogCollector
@@ -50,6 +51,10 @@ func newMetrics(pool *pgxpool.Pool, clk clock.Clock, timeout time.Duration, log 
 			Name: "aurora_relay_redispatched_total",
 			Help: "Rows whose published message was presumed lost (due and unclaimed past AURORA_RELAY_REDISPATCH_SECONDS) and got dispatch+1.",
 		}),
+		staleMarks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aurora_relay_stale_marks_total",
+			Help: "Published rows left unmarked because their dispatch moved on before the batch committed (a retry recorded meanwhile); the new dispatch is queued on its own, the old message is acknowledged by its deliverer.",
+		}),
 		batchErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "aurora_relay_batch_errors_total",
 			Help: "Batches or sweeps that failed (Postgres or NATS unavailable); the worker backs off.",
@@ -72,7 +77,7 @@ func newMetrics(pool *pgxpool.Pool, clk clock.Clock, timeout time.Duration, log 
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.published, m.duplicates, m.publishErrors, m.redispatched, m.batchErrors, m.inflight, m.backlog}
+	return []prometheus.Collector{m.published, m.duplicates, m.publishErrors, m.redispatched, m.staleMarks, m.batchErrors, m.inflight, m.backlog}
 }
 
 // backlogCollector measures the oldest due-but-unpublished row at scrape
@@ -91,22 +96,28 @@ type backlogCollector struct {
 // the database) goes to the log only.
 var errBacklogQuery = errors.New("relay: oldest-unpublished query failed")
 
-// oldestUnpublishedSQL: due since next_attempt_at (pending) or since the
-// lease expired (leased), published_dispatch < dispatch. Each branch reads
-// outbox_items_unpublished_idx or outbox_items_leased_expiry_idx.
+// oldestUnpublishedSQL: the oldest due time among items that are due
+// (pending since next_attempt_at, or leased since the lease expired) and
+// unpublished for their dispatch. It reads the first 1,000 such items in
+// outbox_publish_queue's due_at order (outbox_publish_queue_due_idx; queue
+// rows whose item moved on are skipped) and takes the oldest of their own
+// due times: a queue row's due_at is when it was queued to be looked at,
+// normally the item's due time, so the bound costs a scrape nothing in
+// exactness unless a thousand items' due times moved after they were
+// queued.
 const oldestUnpublishedSQL = `
-SELECT coalesce(extract(epoch FROM coalesce($1::timestamptz, now()) - min(due_at)), 0)::float8
-FROM (
-	(SELECT next_attempt_at AS due_at FROM outbox_items
-	 WHERE state IN ('pending', 'leased') AND published_dispatch < dispatch
-	   AND state = 'pending' AND next_attempt_at <= coalesce($1::timestamptz, now())
-	 ORDER BY next_attempt_at LIMIT 1)
-	UNION ALL
-	(SELECT lease_expires_at FROM outbox_items
-	 WHERE state = 'leased' AND published_dispatch < dispatch
-	   AND lease_expires_at < coalesce($1::timestamptz, now())
-	 ORDER BY lease_expires_at LIMIT 1)
-) due`
+WITH clk AS (SELECT coalesce($1::timestamptz, now()) AS now)
+SELECT coalesce(extract(epoch FROM clk.now - (
+    SELECT min(d.due) FROM (
+        SELECT CASE WHEN o.state = 'leased' THEN o.lease_expires_at ELSE o.next_attempt_at END AS due
+        FROM outbox_publish_queue q
+        JOIN outbox_items o ON o.id = q.item_id AND o.dispatch = q.dispatch
+        WHERE q.due_at <= clk.now AND o.published_dispatch < o.dispatch
+          AND ((o.state = 'pending' AND o.next_attempt_at <= clk.now)
+               OR (o.state = 'leased' AND o.lease_expires_at < clk.now))
+        ORDER BY q.due_at
+        LIMIT 1000) d)), 0)::float8
+FROM clk`
 
 // OldestUnpublishedAge returns the age of the oldest due row not yet
 // published for its dispatch, by clk ("now" of the database unless clk
