@@ -106,7 +106,7 @@ type claimed struct {
 	account  string
 	queued   time.Time // the due time its queue row carried
 	customer *string   // nil: the tenant has no Stripe customer on the account
-	meter    *string // nil: the feature has no meter on the account
+	meter    *string   // nil: the feature has no meter on the account
 }
 
 // lane returns the row's lane token (outbox.Lane of account, customer,
