@@ -25,6 +25,10 @@
 --   state; published_at records it), and outbox_items_unpublished_idx is
 --   dropped: no index reads published_dispatch or moves with the mark.
 --
+-- The trigger functions run as their owner (SECURITY DEFINER, a fixed
+-- search_path): a role allowed to stage into outbox_items needs no grant on
+-- the queue.
+--
 -- The queue has no primary key on purpose: a row is a wake-up call, two
 -- for the same dispatch are harmless (JetStream drops the second copy by
 -- its message id), and the relay deletes the rows it took by their
@@ -51,7 +55,8 @@ WHERE state IN ('pending', 'leased') AND published_dispatch < dispatch;
 -- Staged rows: one INSERT ... SELECT per statement over the rows it
 -- inserted (a transition table), not a function call per row.
 -- +goose StatementBegin
-CREATE FUNCTION outbox_publish_enqueue_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION outbox_publish_enqueue_inserted() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     INSERT INTO outbox_publish_queue (item_id, dispatch, due_at)
     SELECT id, dispatch, CASE WHEN state = 'leased' THEN lease_expires_at ELSE next_attempt_at END
@@ -70,7 +75,8 @@ CREATE TRIGGER outbox_items_enqueue_inserted AFTER INSERT ON outbox_items
 -- brought forward (recall). The WHEN clause is evaluated without calling
 -- the function: claims and accepted outcomes never call it.
 -- +goose StatementBegin
-CREATE FUNCTION outbox_publish_enqueue_moved() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION outbox_publish_enqueue_moved() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     INSERT INTO outbox_publish_queue (item_id, dispatch, due_at)
     VALUES (NEW.id, NEW.dispatch, CASE WHEN NEW.state = 'leased' THEN NEW.lease_expires_at ELSE NEW.next_attempt_at END);

@@ -44,6 +44,6 @@ var ColumnWriters = map[string]string{
 	"last_error":          "record (the failure, at most 500 bytes cut on a UTF-8 boundary; kept when an outcome has none)",
 	"provider_ref":        "record (the provider's reference on accepted); recovery acknowledge (the operator's evidence)",
 	"created_at":          "stage (default now())",
-	"updated_at":          "trigger on every update",
+	"updated_at":          "trigger on every update but the relay's mark (published_* only, migration 00308)",
 	"leased_at":           "claim (the lease's now: the attempt's started_at)",
 }
