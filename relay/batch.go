@@ -61,19 +61,25 @@ requeued AS (
     INSERT INTO outbox_publish_queue (item_id, dispatch, due_at)
     SELECT DISTINCT item_id, dispatch, due_at FROM judged WHERE verdict = 'later'
 )
-SELECT c.item_id, c.idempotency_key, c.exporter, c.tenant, c.dispatch, c.feature, c.destination_account,
-       c.queued_at, b.stripe_customer, m.meter_id
-FROM (SELECT DISTINCT ON (item_id) * FROM judged WHERE verdict = 'due' ORDER BY item_id, queued_at) c
--- The lane (account, customer, meter): one key lookup each (LIMIT 1 keeps
--- them lookups).
-LEFT JOIN LATERAL (
-    SELECT b.stripe_customer FROM tenant_billing b
-    WHERE b.tenant = c.tenant AND b.destination_account = c.destination_account LIMIT 1
-) b ON true
-LEFT JOIN LATERAL (
-    SELECT m.meter_id FROM meter_mappings m
-    WHERE m.destination_account = c.destination_account AND m.feature = c.feature LIMIT 1
-) m ON true
+-- One row at least: the count of queue rows taken, with the due items
+-- (none: NULLs) beside it.
+SELECT n.taken, c.item_id, c.idempotency_key, c.exporter, c.tenant, c.dispatch, c.feature, c.destination_account,
+       c.queued_at, c.stripe_customer, c.meter_id
+FROM (SELECT count(*) AS taken FROM taken) n
+LEFT JOIN (
+    SELECT c.*, b.stripe_customer, m.meter_id
+    FROM (SELECT DISTINCT ON (item_id) * FROM judged WHERE verdict = 'due' ORDER BY item_id, queued_at) c
+    -- The lane (account, customer, meter): one key lookup each (LIMIT 1
+    -- keeps them lookups).
+    LEFT JOIN LATERAL (
+        SELECT b.stripe_customer FROM tenant_billing b
+        WHERE b.tenant = c.tenant AND b.destination_account = c.destination_account LIMIT 1
+    ) b ON true
+    LEFT JOIN LATERAL (
+        SELECT m.meter_id FROM meter_mappings m
+        WHERE m.destination_account = c.destination_account AND m.feature = c.feature LIMIT 1
+    ) m ON true
+) c ON true
 ORDER BY c.due_at, c.item_id`
 
 // markPublishedSQL records the PubAck'd dispatch of each row that is still
@@ -138,10 +144,11 @@ func (c claimed) message(partitions int, database string) *nats.Msg {
 	}
 }
 
-// batch claims up to BatchSize due, unpublished rows in one transaction,
-// publishes them asynchronously, marks the acknowledged ones and commits. It
-// returns the number of rows claimed. Rows whose publish failed stay
-// unpublished (their locks end with the commit); the error (the first
+// batch takes up to BatchSize due rows of the publish queue in one
+// transaction (claimDueSQL), publishes the items still due, marks the
+// acknowledged ones, queues the rest again and commits. It returns the
+// number of queue rows taken: a full take means more may be waiting, even
+// when none of it was due (the worker goes on at once). The error (the first
 // publish error, or a database error) makes the worker back off. A graceful
 // stop lets a started batch finish: it runs on a context detached from ctx's
 // cancellation, bounded by the publish timeout plus 10 s for the database.
@@ -182,7 +189,7 @@ func (r *Relay) batch(ctx context.Context) (n int, err error) {
 		conn.Release()
 	}()
 
-	items, err := r.claim(bctx, conn.Conn())
+	items, taken, err := r.claim(bctx, conn.Conn())
 	if err != nil {
 		return 0, err
 	}
@@ -190,14 +197,14 @@ func (r *Relay) batch(ctx context.Context) (n int, err error) {
 		if _, err := conn.Exec(bctx, "COMMIT"); err != nil {
 			return 0, fmt.Errorf("relay: commit: %w", err)
 		}
-		return 0, nil
+		return taken, nil
 	}
 
 	acked, pubErr := r.publish(bctx, items)
 
 	if h := r.hooks.afterPublish; h != nil {
 		if err := h(bctx, itemIDs(acked)); err != nil {
-			return len(items), &fatalError{err}
+			return taken, &fatalError{err}
 		}
 	}
 	stale, err := r.markAndCommit(bctx, conn.Conn(), items, acked)
@@ -205,7 +212,7 @@ func (r *Relay) batch(ctx context.Context) (n int, err error) {
 		// The marks are lost, the messages are not: the rollback queues the
 		// rows again, they are published again with the same dispatch and
 		// JetStream drops the copies.
-		return len(items), err
+		return taken, err
 	}
 	r.m.published.Add(float64(len(acked)))
 	if stale > 0 {
@@ -214,12 +221,13 @@ func (r *Relay) batch(ctx context.Context) (n int, err error) {
 	if h := r.hooks.afterCommit; h != nil && len(acked) > 0 {
 		h(itemIDs(acked))
 	}
-	return len(items), pubErr
+	return taken, pubErr
 }
 
-// claim opens the batch transaction and locks the due rows, in one round
-// trip.
-func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]claimed, error) {
+// claim opens the batch transaction and takes the due queue rows, in one
+// round trip. It returns the items to publish and how many queue rows it
+// took (a full take means more may be waiting, whatever it yielded).
+func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]claimed, int, error) {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue("SET LOCAL synchronous_commit = off")
@@ -227,31 +235,45 @@ func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]claimed, error) {
 	br := conn.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("relay: begin: %w", err)
+		return nil, 0, fmt.Errorf("relay: begin: %w", err)
 	}
 	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("relay: begin: %w", err)
+		return nil, 0, fmt.Errorf("relay: begin: %w", err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("relay: claim: %w", err)
+		return nil, 0, fmt.Errorf("relay: claim: %w", err)
 	}
 	items := make([]claimed, 0, r.cfg.Outbox.BatchSize)
+	taken := 0
 	for rows.Next() {
-		var c claimed
-		if err := rows.Scan(&c.id, &c.key, &c.exporter, &c.tenant, &c.dispatch, &c.feature, &c.account, &c.queued, &c.customer, &c.meter); err != nil {
+		var (
+			n                                       int64
+			id                                      *int64
+			key, exporter, tenant, feature, account *string
+			dispatch                                *int32
+			queued                                  *time.Time
+			c                                       claimed
+		)
+		if err := rows.Scan(&n, &id, &key, &exporter, &tenant, &dispatch, &feature, &account, &queued, &c.customer, &c.meter); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("relay: claim scan: %w", err)
+			return nil, 0, fmt.Errorf("relay: claim scan: %w", err)
 		}
+		taken = int(n)
+		if id == nil {
+			continue // nothing due among the rows taken
+		}
+		c.id, c.key, c.exporter, c.tenant, c.dispatch = *id, *key, *exporter, *tenant, *dispatch
+		c.feature, c.account, c.queued = *feature, *account, *queued
 		items = append(items, c)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("relay: claim: %w", err)
+		return nil, 0, fmt.Errorf("relay: claim: %w", err)
 	}
 	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("relay: claim: %w", err)
+		return nil, 0, fmt.Errorf("relay: claim: %w", err)
 	}
-	return items, nil
+	return items, taken, nil
 }
 
 // markAndCommit records the acknowledged dispatches, puts the queue rows of

@@ -239,3 +239,37 @@ func TestFailedPublishStaysQueued(t *testing.T) {
 		t.Fatalf("%d queue rows left after publishing (%v)", left, err)
 	}
 }
+
+// A batch reports the queue rows it took, not the items it published: a
+// full take of rows whose items moved on keeps the worker going at once
+// (relay.work goes on while a batch is full) instead of waiting for the
+// next poll with due rows behind them.
+func TestFullTakeOfStaleRowsCountsAsFull(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	_, js := connect(t, natstest.New(t))
+	ctx := context.Background()
+	cfg := testConfig()
+	cfg.Outbox.BatchSize = 5
+	if _, err := EnsureStream(ctx, js, cfg.Stream); err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(pool, js, cfg, WithLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := stage(t, pool, items("org_full", 0, 7)...)
+	if _, err := pool.Exec(ctx, `UPDATE outbox_items SET state = 'accepted' WHERE id = ANY($1)`, ids[:6]); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []int{5, 2, 0} {
+		n, err := r.batch(ctx)
+		if err != nil || n != want {
+			t.Fatalf("batch %d: took %d (%v), want %d", i+1, n, err, want)
+		}
+	}
+	sent := streamMsgs(t, js)
+	if len(sent) != 1 || sent[0].body.ItemID != ids[6] {
+		t.Fatalf("published %+v, want item %d only", sent, ids[6])
+	}
+}
