@@ -83,17 +83,43 @@ LEFT JOIN (
 ORDER BY c.due_at, c.item_id`
 
 // markPublishedSQL records the PubAck'd dispatch of each row that is still
-// at it. The batch holds no lock on the items, so a row whose dispatch moved
-// on meanwhile (a retry recorded within the batch) is left alone: its new
-// dispatch is queued, and the message of the old one is acknowledged by the
-// deliverer that receives it. The update touches only published_dispatch
-// and published_at, which no index reads, and keeps updated_at (migration
-// 00308): a heap-only update.
+// at it, and never waits for a row lock. The batch holds no lock on the
+// items, so a deliverer may be claiming or recording one of them (its
+// message arrived before the mark): waiting for that row while the
+// deliverer's multi-row statement waits for another row of this one would
+// deadlock (Postgres cancels one of the two). The rows are locked FOR NO
+// KEY UPDATE SKIP LOCKED instead; a row locked by someone else is queued
+// again, due now, for the next batch to judge (published then only if it
+// is still unpublished and due: a pending row whose claim failed, or a
+// leased row whose holder died and whose lease expired; a row that moved
+// on is dropped). A row whose dispatch moved on meanwhile is left alone:
+// its new dispatch is queued, and the message of the old one is
+// acknowledged by the deliverer that receives it. The update touches only
+// published_dispatch and published_at, which no index reads, and keeps
+// updated_at (migration 00308): a heap-only update.
+//
+// Returns the rows marked and the rows queued again for a lock.
 const markPublishedSQL = `
-UPDATE outbox_items o
-SET published_dispatch = p.dispatch, published_at = coalesce($3::timestamptz, now())
-FROM unnest($1::bigint[], $2::int[]) AS p(id, dispatch)
-WHERE o.id = p.id AND o.dispatch = p.dispatch AND o.published_dispatch < p.dispatch`
+WITH p AS (SELECT * FROM unnest($1::bigint[], $2::int[]) AS p(id, dispatch)),
+locked AS MATERIALIZED (
+    SELECT o.id FROM outbox_items o
+    WHERE o.id IN (SELECT id FROM p)
+    FOR NO KEY UPDATE OF o SKIP LOCKED
+),
+marked AS (
+    UPDATE outbox_items o SET published_dispatch = p.dispatch, published_at = coalesce($3::timestamptz, now())
+    FROM p
+    WHERE o.id = p.id AND o.id IN (SELECT id FROM locked)
+      AND o.dispatch = p.dispatch AND o.published_dispatch < p.dispatch
+    RETURNING o.id
+),
+busy AS (
+    INSERT INTO outbox_publish_queue (item_id, dispatch, due_at)
+    SELECT p.id, p.dispatch, coalesce($3::timestamptz, now()) FROM p
+    WHERE p.id NOT IN (SELECT id FROM locked)
+    RETURNING item_id
+)
+SELECT (SELECT count(*) FROM marked), (SELECT count(*) FROM busy)`
 
 // requeueSQL puts back the queue rows of items whose publish failed, at
 // their old due time: the next batch takes them again.
@@ -207,7 +233,7 @@ func (r *Relay) batch(ctx context.Context) (n int, err error) {
 			return taken, &fatalError{err}
 		}
 	}
-	stale, err := r.markAndCommit(bctx, conn.Conn(), items, acked)
+	moved, locked, err := r.markAndCommit(bctx, conn.Conn(), items, acked)
 	if err != nil {
 		// The marks are lost, the messages are not: the rollback queues the
 		// rows again, they are published again with the same dispatch and
@@ -215,9 +241,8 @@ func (r *Relay) batch(ctx context.Context) (n int, err error) {
 		return taken, err
 	}
 	r.m.published.Add(float64(len(acked)))
-	if stale > 0 {
-		r.m.staleMarks.Add(float64(stale))
-	}
+	r.m.marksSkipped.WithLabelValues(skipMoved).Add(float64(moved))
+	r.m.marksSkipped.WithLabelValues(skipLocked).Add(float64(locked))
 	if h := r.hooks.afterCommit; h != nil && len(acked) > 0 {
 		h(itemIDs(acked))
 	}
@@ -278,10 +303,10 @@ func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]claimed, int, erro
 
 // markAndCommit records the acknowledged dispatches, puts the queue rows of
 // the rest of the batch back (their publish failed or timed out) and
-// commits, in one round trip. A row that fewer marks matched than were
-// acknowledged moved to another dispatch meanwhile (markPublishedSQL); the
-// count of such rows is returned for the stale-mark metric.
-func (r *Relay) markAndCommit(ctx context.Context, conn *pgx.Conn, items, acked []claimed) (stale int, err error) {
+// commits, in one round trip. It returns, of the acknowledged rows, how many
+// had moved to another dispatch and how many were locked by someone else
+// and queued again (markPublishedSQL), for aurora_relay_marks_skipped_total.
+func (r *Relay) markAndCommit(ctx context.Context, conn *pgx.Conn, items, acked []claimed) (moved, locked int, err error) {
 	b := &pgx.Batch{}
 	if len(acked) > 0 {
 		ids := make([]int64, len(acked))
@@ -303,23 +328,24 @@ func (r *Relay) markAndCommit(ctx context.Context, conn *pgx.Conn, items, acked 
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
 	if len(acked) > 0 {
-		tag, err := br.Exec()
-		if err != nil {
+		var marked, busy int64
+		if err := br.QueryRow().Scan(&marked, &busy); err != nil {
 			_ = br.Close()
-			return 0, fmt.Errorf("relay: mark published: %w", err)
+			return 0, 0, fmt.Errorf("relay: mark published: %w", err)
 		}
-		stale = len(acked) - int(tag.RowsAffected())
+		locked = int(busy)
+		moved = len(acked) - int(marked) - locked
 	}
 	for i := 1; i < b.Len(); i++ {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			return 0, fmt.Errorf("relay: requeue and commit: %w", err)
+			return 0, 0, fmt.Errorf("relay: requeue and commit: %w", err)
 		}
 	}
 	if err := br.Close(); err != nil {
-		return 0, fmt.Errorf("relay: commit: %w", err)
+		return 0, 0, fmt.Errorf("relay: commit: %w", err)
 	}
-	return stale, nil
+	return moved, locked, nil
 }
 
 // unacked returns the items of a batch whose publish was not acknowledged

@@ -20,6 +20,13 @@ const (
 	errKindOther        = "other"        // anything else (the server refused, buffer full, …)
 )
 
+// Reasons a published row is not marked, the values of the "reason" label
+// of aurora_relay_marks_skipped_total (markPublishedSQL).
+const (
+	skipMoved  = "moved_on" // the dispatch moved on before the mark
+	skipLocked = "locked"   // another transaction held the row: queued again
+)
+
 // metrics are the relay's Prometheus series. They live on the registry given
 // to New (WithRegistry), never on the global default registry.
 type metrics struct {
@@ -27,7 +34,7 @@ type metrics struct {
 	duplicates    prometheus.Counter
 	publishErrors *prometheus.CounterVec
 	redispatched  prometheus.Counter
-	staleMarks    prometheus.Counter
+	marksSkipped  *prometheus.CounterVec
 	batchErrors   prometheus.Counter
 	inflight      prometheus.GaugeFunc
 	backlog       *backlogCollector
@@ -51,10 +58,10 @@ func newMetrics(pool *pgxpool.Pool, clk clock.Clock, timeout time.Duration, log 
 			Name: "aurora_relay_redispatched_total",
 			Help: "Rows whose published message was presumed lost (due and unclaimed past AURORA_RELAY_REDISPATCH_SECONDS) and got dispatch+1.",
 		}),
-		staleMarks: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "aurora_relay_stale_marks_total",
-			Help: "Published rows left unmarked because their dispatch moved on before the batch committed (a retry recorded meanwhile); the new dispatch is queued on its own, the old message is acknowledged by its deliverer.",
-		}),
+		marksSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aurora_relay_marks_skipped_total",
+			Help: "Acknowledged rows the batch did not mark published (reason: moved_on, the dispatch moved on before the mark, its new dispatch is queued on its own; locked, a deliverer or operator held the row, queued again for the next batch to judge).",
+		}, []string{"reason"}),
 		batchErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "aurora_relay_batch_errors_total",
 			Help: "Batches or sweeps that failed (Postgres or NATS unavailable); the worker backs off.",
@@ -73,11 +80,14 @@ func newMetrics(pool *pgxpool.Pool, clk clock.Clock, timeout time.Duration, log 
 	for _, k := range []string{errKindTimeout, errKindDisconnected, errKindNoStream, errKindOther} {
 		m.publishErrors.WithLabelValues(k) // expose zeros
 	}
+	for _, k := range []string{skipMoved, skipLocked} {
+		m.marksSkipped.WithLabelValues(k)
+	}
 	return m
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.published, m.duplicates, m.publishErrors, m.redispatched, m.staleMarks, m.batchErrors, m.inflight, m.backlog}
+	return []prometheus.Collector{m.published, m.duplicates, m.publishErrors, m.redispatched, m.marksSkipped, m.batchErrors, m.inflight, m.backlog}
 }
 
 // backlogCollector measures the oldest due-but-unpublished row at scrape

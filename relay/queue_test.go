@@ -154,7 +154,8 @@ func TestPublishQueueTriggers(t *testing.T) {
 	cases := []struct {
 		name string
 		set  string
-		want []int32 // the dispatches queued after the update, in due order
+		then string  // a second update, if any
+		want []int32 // the dispatches queued after the update(s), in due order
 	}{
 		{name: "staged", want: []int32{1}},
 		{name: "claimed", set: `state = 'leased', lease_token = 1, lease_expires_at = $2::timestamptz + interval '1 minute'`, want: []int32{1}},
@@ -162,12 +163,19 @@ func TestPublishQueueTriggers(t *testing.T) {
 		{name: "brought forward", set: `next_attempt_at = $2::timestamptz - interval '1 hour'`, want: []int32{1, 1}},
 		{name: "moved later", set: `next_attempt_at = $2::timestamptz + interval '1 hour'`, want: []int32{1}},
 		{name: "accepted", set: `state = 'accepted', next_attempt_at = $2::timestamptz - interval '1 hour'`, want: []int32{1}},
+		{name: "back to pending from quarantined, same dispatch", set: `state = 'quarantined', quarantine_reason = 'customer_missing'`,
+			then: `state = 'pending', quarantine_reason = NULL`, want: []int32{1, 1}},
 	}
 	ids := stage(t, pool, items("org_trig", 0, len(cases))...)
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if c.set != "" {
 				if err := update(ctx, pool, ids[i], c.set, now); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if c.then != "" {
+				if err := update(ctx, pool, ids[i], c.then, now); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -271,5 +279,61 @@ func TestFullTakeOfStaleRowsCountsAsFull(t *testing.T) {
 	sent := streamMsgs(t, js)
 	if len(sent) != 1 || sent[0].body.ItemID != ids[6] {
 		t.Fatalf("published %+v, want item %d only", sent, ids[6])
+	}
+}
+
+// The mark never waits for a row lock (a deliverer's claim or outcome
+// write holding the row is what deadlocked with it when it did): a locked
+// row is left unmarked and queued again, and the next batch, once the lock
+// is gone, judges it afresh and marks it.
+func TestMarkSkipsLockedRowsAndQueuesThemAgain(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	_, js := connect(t, natstest.New(t))
+	ctx := context.Background()
+	cfg := testConfig()
+	if _, err := EnsureStream(ctx, js, cfg.Stream); err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(pool, js, cfg, WithLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := stage(t, pool, items("org_lock", 0, 2)...)
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx) //nolint:errcheck // committed below
+	if _, err := holder.Exec(ctx, `SELECT id FROM outbox_items WHERE id = $1 FOR UPDATE`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if n, err := r.batch(bctx); err != nil || n != 2 {
+		t.Fatalf("batch with a locked row: took %d, %v (want 2, no wait)", n, err)
+	}
+	var pd0, pd1 int32
+	if err := pool.QueryRow(ctx, `SELECT (SELECT published_dispatch FROM outbox_items WHERE id = $1), (SELECT published_dispatch FROM outbox_items WHERE id = $2)`,
+		ids[0], ids[1]).Scan(&pd0, &pd1); err != nil {
+		t.Fatal(err)
+	}
+	if pd0 != 0 || pd1 != 1 {
+		t.Fatalf("published_dispatch %d (locked row) and %d, want 0 and 1", pd0, pd1)
+	}
+	if got, _ := queued(t, pool, ids[0]); len(got) != 1 || got[0] != 1 {
+		t.Fatalf("the locked row's queue rows: %v, want [1]", got)
+	}
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.batch(ctx); err != nil || n != 1 {
+		t.Fatalf("batch after the lock: took %d, %v", n, err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT published_dispatch FROM outbox_items WHERE id = $1`, ids[0]).Scan(&pd0); err != nil || pd0 != 1 {
+		t.Fatalf("published_dispatch %d after the lock (%v), want 1", pd0, err)
+	}
+	if msgs := streamMsgs(t, js); len(msgs) != 2 {
+		t.Fatalf("%d messages stored, want 2 (the republish of the same dispatch is dropped as a duplicate)", len(msgs))
 	}
 }

@@ -71,9 +71,12 @@ CREATE TRIGGER outbox_items_enqueue_inserted AFTER INSERT ON outbox_items
     REFERENCING NEW TABLE AS inserted_items
     FOR EACH STATEMENT EXECUTE FUNCTION outbox_publish_enqueue_inserted();
 
--- A new dispatch (retry, deferral, sweep, requeue), or an unpublished one
--- brought forward (recall). The WHEN clause is evaluated without calling
--- the function: claims and accepted outcomes never call it.
+-- A new dispatch (retry, deferral, sweep, requeue), an unpublished one
+-- brought forward (recall), or an unpublished one that re-enters pending or
+-- leased from any other state (no path does that without a new dispatch
+-- today; the trigger keeps a future one from stranding the item). The WHEN
+-- clause is evaluated without calling the function: claims (pending to
+-- leased) and terminal outcomes never call it.
 -- +goose StatementBegin
 CREATE FUNCTION outbox_publish_enqueue_moved() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -85,10 +88,11 @@ END
 $$;
 -- +goose StatementEnd
 
-CREATE TRIGGER outbox_items_enqueue_moved AFTER UPDATE OF dispatch, next_attempt_at ON outbox_items
+CREATE TRIGGER outbox_items_enqueue_moved AFTER UPDATE OF dispatch, next_attempt_at, state ON outbox_items
     FOR EACH ROW
     WHEN (NEW.state IN ('pending', 'leased') AND NEW.published_dispatch < NEW.dispatch
-          AND (NEW.dispatch <> OLD.dispatch OR NEW.next_attempt_at < OLD.next_attempt_at))
+          AND (NEW.dispatch <> OLD.dispatch OR NEW.next_attempt_at < OLD.next_attempt_at
+               OR OLD.state NOT IN ('pending', 'leased')))
     EXECUTE FUNCTION outbox_publish_enqueue_moved();
 
 -- The relay's mark keeps updated_at: only published_dispatch and
