@@ -309,24 +309,20 @@ func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]claimed, int, erro
 func (r *Relay) markAndCommit(ctx context.Context, conn *pgx.Conn, items, acked []claimed) (moved, locked int, err error) {
 	b := &pgx.Batch{}
 	if len(acked) > 0 {
-		ids := make([]int64, len(acked))
-		dispatches := make([]int32, len(acked))
-		for i, c := range acked {
-			ids[i], dispatches[i] = c.id, c.dispatch
-		}
+		ids, dispatches := itemDispatches(acked)
 		b.Queue(markPublishedSQL, ids, dispatches, r.clk.Override())
 	}
 	if failed := unacked(items, acked); len(failed) > 0 {
-		ids := make([]int64, len(failed))
-		dispatches := make([]int32, len(failed))
+		ids, dispatches := itemDispatches(failed)
 		dues := make([]time.Time, len(failed))
 		for i, c := range failed {
-			ids[i], dispatches[i], dues[i] = c.id, c.dispatch, c.queued
+			dues[i] = c.queued
 		}
 		b.Queue(requeueSQL, ids, dispatches, dues)
 	}
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
+	next := 0 // the next result of the batch to read
 	if len(acked) > 0 {
 		var marked, busy int64
 		if err := br.QueryRow().Scan(&marked, &busy); err != nil {
@@ -335,8 +331,9 @@ func (r *Relay) markAndCommit(ctx context.Context, conn *pgx.Conn, items, acked 
 		}
 		locked = int(busy)
 		moved = len(acked) - int(marked) - locked
+		next = 1
 	}
-	for i := 1; i < b.Len(); i++ {
+	for i := next; i < b.Len(); i++ {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			return 0, 0, fmt.Errorf("relay: requeue and commit: %w", err)
@@ -346,6 +343,15 @@ func (r *Relay) markAndCommit(ctx context.Context, conn *pgx.Conn, items, acked 
 		return 0, 0, fmt.Errorf("relay: commit: %w", err)
 	}
 	return moved, locked, nil
+}
+
+// itemDispatches returns the ids and dispatches of cs, in order.
+func itemDispatches(cs []claimed) ([]int64, []int32) {
+	ids, dispatches := make([]int64, len(cs)), make([]int32, len(cs))
+	for i, c := range cs {
+		ids[i], dispatches[i] = c.id, c.dispatch
+	}
+	return ids, dispatches
 }
 
 // unacked returns the items of a batch whose publish was not acknowledged

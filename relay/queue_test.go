@@ -11,6 +11,7 @@ import (
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // queued returns the dispatches outbox_publish_queue holds for an item,
@@ -48,6 +49,22 @@ func update(ctx context.Context, pool *pgxpool.Pool, id int64, set string, now t
 	return err
 }
 
+// batchRelay returns a relay that is not running (tests call its batch
+// directly), its database and JetStream, the stream ensured.
+func batchRelay(t *testing.T, cfg Config, opts ...Option) (*Relay, *pgxpool.Pool, jetstream.JetStream) {
+	t.Helper()
+	pool := newPool(t)
+	_, js := connect(t, natstest.New(t))
+	if _, err := EnsureStream(context.Background(), js, cfg.Stream); err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(pool, js, cfg, append([]Option{WithLogger(quietLogger())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, pool, js
+}
+
 // One batch judges every due queue row against its item (migration 00308,
 // claimDueSQL): what is due and unpublished is published once and marked
 // without moving updated_at; what is due later is queued again at the
@@ -75,17 +92,8 @@ func TestPublishQueueVerdicts(t *testing.T) {
 		{name: "quarantined", set: `state = 'quarantined', quarantine_reason = 'customer_missing'`},
 		{name: "moved to dispatch 2", set: `dispatch = 2, next_attempt_at = $2::timestamptz - interval '1 second'`, published: 2},
 	}
-	pool := newPool(t)
-	_, js := connect(t, natstest.New(t))
+	r, pool, js := batchRelay(t, testConfig(), WithClock(clock.NewManual(now)))
 	ctx := context.Background()
-	cfg := testConfig()
-	if _, err := EnsureStream(ctx, js, cfg.Stream); err != nil {
-		t.Fatal(err)
-	}
-	r, err := New(pool, js, cfg, WithClock(clock.NewManual(now)), WithLogger(quietLogger()))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ids := stage(t, pool, items("org_queue", 0, len(cases))...)
 	before := map[int64]time.Time{}
 	for i, c := range cases {
@@ -254,18 +262,10 @@ func TestFailedPublishStaysQueued(t *testing.T) {
 // next poll with due rows behind them.
 func TestFullTakeOfStaleRowsCountsAsFull(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t)
-	_, js := connect(t, natstest.New(t))
-	ctx := context.Background()
 	cfg := testConfig()
 	cfg.Outbox.BatchSize = 5
-	if _, err := EnsureStream(ctx, js, cfg.Stream); err != nil {
-		t.Fatal(err)
-	}
-	r, err := New(pool, js, cfg, WithLogger(quietLogger()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, pool, js := batchRelay(t, cfg)
+	ctx := context.Background()
 	ids := stage(t, pool, items("org_full", 0, 7)...)
 	if _, err := pool.Exec(ctx, `UPDATE outbox_items SET state = 'accepted' WHERE id = ANY($1)`, ids[:6]); err != nil {
 		t.Fatal(err)
@@ -288,17 +288,8 @@ func TestFullTakeOfStaleRowsCountsAsFull(t *testing.T) {
 // is gone, judges it afresh and marks it.
 func TestMarkSkipsLockedRowsAndQueuesThemAgain(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t)
-	_, js := connect(t, natstest.New(t))
+	r, pool, js := batchRelay(t, testConfig())
 	ctx := context.Background()
-	cfg := testConfig()
-	if _, err := EnsureStream(ctx, js, cfg.Stream); err != nil {
-		t.Fatal(err)
-	}
-	r, err := New(pool, js, cfg, WithLogger(quietLogger()))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ids := stage(t, pool, items("org_lock", 0, 2)...)
 	holder, err := pool.Begin(ctx)
 	if err != nil {
