@@ -120,7 +120,8 @@ upd AS (
         attempts = o.attempts + 1,
         first_attempt_at = coalesce(o.first_attempt_at, clk.now),
         lease_expires_at = clk.now + @lease::interval,
-        leased_at = clk.now
+        leased_at = clk.now,
+        updated_at = now() -- the database's clock, as the update trigger's rule (migration 00309)
     FROM cand c CROSS JOIN clk
     WHERE o.id = c.id
     RETURNING o.id, o.lease_token, o.attempts, o.first_attempt_at, o.lease_expires_at, o.destination_account,
@@ -382,7 +383,8 @@ upd AS (
         attempts = CASE WHEN r.wait THEN greatest(o.attempts - 1, 0) ELSE o.attempts END,
         first_attempt_at = CASE WHEN r.wait AND o.attempts <= 1 THEN NULL ELSE o.first_attempt_at END,
         last_error = coalesce(r.last_error, o.last_error),
-        provider_ref = coalesce(r.provider_ref, o.provider_ref)
+        provider_ref = coalesce(r.provider_ref, o.provider_ref),
+        updated_at = now() -- the database's clock, as the update trigger's rule (migration 00309)
     FROM rec r CROSS JOIN clk
     WHERE o.id = r.id AND o.state = 'leased' AND o.lease_token = r.token
     RETURNING o.id

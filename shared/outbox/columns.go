@@ -5,7 +5,8 @@ package outbox
 // deliverer fails when the table has a column missing here. Components:
 //
 //   - stage: Stage, in the caller's transaction (INSERT; the identity and
-//     payload are immutable afterwards, enforced by a trigger);
+//     payload are immutable afterwards, enforced by a trigger on any UPDATE
+//     that names one of their columns);
 //   - trigger: the database's own triggers (key on insert, updated_at on
 //     every update);
 //   - relay: the relay's publish batch and re-dispatch sweep;
@@ -44,6 +45,6 @@ var ColumnWriters = map[string]string{
 	"last_error":          "record (the failure, at most 500 bytes cut on a UTF-8 boundary; kept when an outcome has none)",
 	"provider_ref":        "record (the provider's reference on accepted); recovery acknowledge (the operator's evidence)",
 	"created_at":          "stage (default now())",
-	"updated_at":          "trigger on every update but the relay's mark (published_* only, migration 00308)",
+	"updated_at":          "now() on every update but the relay's mark (published_* only, migration 00308), which keeps it; claim and record write now() themselves, the trigger sets it for every other writer (migration 00309)",
 	"leased_at":           "claim (the lease's now: the attempt's started_at)",
 }

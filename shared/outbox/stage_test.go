@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -195,6 +196,13 @@ func TestIdentityAndPayloadAreImmutableInSQL(t *testing.T) {
 		`UPDATE outbox_items SET mapping_version = 2 WHERE id = $1`,
 		`UPDATE outbox_items SET idempotency_key = 'x' WHERE id = $1`,
 		`UPDATE outbox_items SET occurred_at = now() WHERE id = $1`,
+		`UPDATE outbox_items SET subject_kind = 'event' WHERE id = $1`,
+		`UPDATE outbox_items SET exporter = 'other' WHERE id = $1`,
+		`UPDATE outbox_items SET destination_account = 'acct_other' WHERE id = $1`,
+		`UPDATE outbox_items SET mode = 'live' WHERE id = $1`,
+		`UPDATE outbox_items SET feature = 'egress_bytes' WHERE id = $1`,
+		`UPDATE outbox_items SET period_start = now() WHERE id = $1`,
+		`UPDATE outbox_items SET state = 'leased', payload = '{"source":"tampered"}' WHERE id = $1`,
 	} {
 		_, err := pool.Exec(ctx, stmt, row.ID)
 		var pgErr *pgconn.PgError
@@ -202,9 +210,13 @@ func TestIdentityAndPayloadAreImmutableInSQL(t *testing.T) {
 			t.Fatalf("%s: got %v, want integrity_constraint_violation", stmt, err)
 		}
 	}
-	// State columns still move.
+	// State columns still move, and naming an identity column with its
+	// own value is not a change.
 	if _, err := pool.Exec(ctx, `UPDATE outbox_items SET attempts = attempts + 1 WHERE id = $1`, row.ID); err != nil {
 		t.Fatalf("state update refused: %v", err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE outbox_items SET tenant = tenant, payload = payload, attempts = attempts + 1 WHERE id = $1`, row.ID); err != nil {
+		t.Fatalf("same-value update refused: %v", err)
 	}
 	// A bad state is refused by the CHECK.
 	if _, err := pool.Exec(ctx, `UPDATE outbox_items SET state = 'done' WHERE id = $1`, row.ID); err == nil {
@@ -227,5 +239,63 @@ func TestStageQuarantinedAtStageTime(t *testing.T) {
 	}
 	if row.State != outbox.StateQuarantined || row.QuarantineReason == nil || *row.QuarantineReason != outbox.ReasonPeriodBuffered {
 		t.Fatalf("got %s %v", row.State, row.QuarantineReason)
+	}
+}
+
+// updated_at is the database's now() after every update but the relay's
+// mark (published_dispatch and published_at only), which keeps it; a
+// writer may set now() itself (the trigger then does not run) and any
+// other value it sets is corrected (migrations 00308 and 00309).
+func TestUpdatedAtRule(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	cases := []struct {
+		name string
+		set  string
+		keep bool // updated_at keeps its value; otherwise it is the transaction's now()
+	}{
+		{name: "state change", set: `attempts = attempts + 1`},
+		{name: "writer sets now()", set: `attempts = attempts + 1, updated_at = now()`},
+		{name: "writer sets another time", set: `attempts = attempts + 1, updated_at = '2000-01-01T00:00:00Z'`},
+		{name: "writer keeps the old time", set: `attempts = attempts + 1, updated_at = updated_at`},
+		{name: "relay mark", set: `published_dispatch = dispatch, published_at = now()`, keep: true},
+		{name: "relay mark naming updated_at", set: `published_dispatch = dispatch, published_at = now(), updated_at = '2000-01-01T00:00:00Z'`, keep: true},
+		{name: "mark with a state change", set: `published_dispatch = dispatch, state = 'leased', lease_token = 1, lease_expires_at = now() + interval '1 minute'`},
+		{name: "no change at all", set: `attempts = attempts`},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			it := sampleItem()
+			it.SubjectRef = fmt.Sprintf("usage:api_calls:2026-09-01T00:00:00Z:0:%d", i)
+			row, err := stage(t, pool, it)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var before time.Time
+			if err := pool.QueryRow(ctx, `SELECT updated_at FROM outbox_items WHERE id = $1`, row.ID).Scan(&before); err != nil {
+				t.Fatal(err)
+			}
+			var after, now time.Time
+			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `UPDATE outbox_items SET `+c.set+` WHERE id = $1`, row.ID); err != nil {
+					return err
+				}
+				return tx.QueryRow(ctx, `SELECT updated_at, now() FROM outbox_items WHERE id = $1`, row.ID).Scan(&after, &now)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := now
+			if c.keep {
+				want = before
+			}
+			if !after.Equal(want) {
+				t.Fatalf("updated_at = %v, want %v (before %v, now %v)", after, want, before, now)
+			}
+			if !c.keep && after.Equal(before) {
+				t.Fatalf("updated_at did not move (%v)", after)
+			}
+		})
 	}
 }
