@@ -111,7 +111,11 @@ ctxk AS MATERIALIZED (
 ctx AS MATERIALIZED (
     SELECT c.id, k.account_mode, k.account_confirmed, k.account_exporter, k.stripe_customer, k.meter_id, k.event_name,
            k.customer_key, k.value_key, k.current_mapping_version, k.watermark
-    FROM cand c JOIN ctxk k USING (tenant, destination_account, feature)
+    -- LEFT: every cand row has its ctxk row, and the outer join keeps the
+    -- planner's estimate at cand's size, so the final join by id is hashed.
+    -- The inner join was estimated at one row and joined by a nested loop:
+    -- n² comparisons for a batch of n.
+    FROM cand c LEFT JOIN ctxk k USING (tenant, destination_account, feature)
 ),
 upd AS (
     UPDATE outbox_items o SET

@@ -102,15 +102,16 @@ ORDER BY c.due_at, c.item_id`
 const markPublishedSQL = `
 WITH p AS (SELECT * FROM unnest($1::bigint[], $2::int[]) AS p(id, dispatch)),
 locked AS MATERIALIZED (
-    SELECT o.id FROM outbox_items o
-    WHERE o.id IN (SELECT id FROM p)
+    SELECT o.id, p.dispatch FROM p JOIN outbox_items o ON o.id = p.id
     FOR NO KEY UPDATE OF o SKIP LOCKED
 ),
+-- Joined on the locked rows alone (one primary-key probe each): a second
+-- join of p against locked was planned as a nested loop over both, n² for
+-- a batch of n.
 marked AS (
-    UPDATE outbox_items o SET published_dispatch = p.dispatch, published_at = coalesce($3::timestamptz, now())
-    FROM p
-    WHERE o.id = p.id AND o.id IN (SELECT id FROM locked)
-      AND o.dispatch = p.dispatch AND o.published_dispatch < p.dispatch
+    UPDATE outbox_items o SET published_dispatch = l.dispatch, published_at = coalesce($3::timestamptz, now())
+    FROM locked l
+    WHERE o.id = l.id AND o.dispatch = l.dispatch AND o.published_dispatch < l.dispatch
     RETURNING o.id
 ),
 busy AS (
