@@ -7,6 +7,14 @@
 // it. Landed migrations are frozen: landed.sha256 lists each with its
 // checksum, and TestLandedMigrationsAreFrozen fails when one changes, goes
 // missing, or a new one is numbered below the highest landed.
+//
+// Triggers that name columns: outbox_items' identity trigger fires on
+// updates OF its thirteen identity and payload columns, and its updated_at
+// trigger's WHEN clause reads updated_at, published_dispatch, state,
+// dispatch, lease_token, next_attempt_at and attempts (migration 00309).
+// Postgres refuses ALTER COLUMN ... TYPE on a column a trigger definition
+// names, so a migration that changes one of those types drops both
+// triggers first and creates them again after.
 package migrations
 
 import (
