@@ -84,8 +84,13 @@ type Options struct {
 	// Deliverer configures every deliverer instance (validated; its Outbox
 	// is replaced by Outbox). nil = deliverer.DefaultConfig().
 	Deliverer *deliverer.Config
-	Progress  io.Writer // progress lines (nil = none)
-	Logger    *slog.Logger
+	// Stream configures the AURORA_OUTBOX stream the demo creates
+	// (AURORA_OUTBOX_PARTITIONS, AURORA_OUTBOX_STREAM_REPLICAS,
+	// AURORA_OUTBOX_DUPLICATE_WINDOW_SECONDS; validated). nil =
+	// relay.DefaultStreamConfig().
+	Stream   *relay.StreamConfig
+	Progress io.Writer // progress lines (nil = none)
+	Logger   *slog.Logger
 }
 
 // Summary is the --json contract (stable; add fields, never rename).
@@ -307,6 +312,9 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 	// 6. Relay and deliverers.
 	reg := prometheus.NewRegistry()
 	rcfg := relay.DefaultConfig()
+	if o.Stream != nil {
+		rcfg.Stream = *o.Stream
+	}
 	rcfg.Outbox = o.Outbox
 	rcfg.PollMS = 200
 	if _, err := relay.EnsureStream(ctx, js, rcfg.Stream); err != nil {

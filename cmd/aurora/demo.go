@@ -16,6 +16,7 @@ import (
 	"github.com/aurora-billing/aurora/deliverer"
 	"github.com/aurora-billing/aurora/deliverer/stripeexport"
 	"github.com/aurora-billing/aurora/demo"
+	"github.com/aurora-billing/aurora/relay"
 	"github.com/aurora-billing/aurora/shared/config"
 	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/aurora-billing/aurora/shared/ops"
@@ -30,11 +31,14 @@ import (
 //
 // The deliverers take every AURORA_DELIVERER_*, AURORA_STRIPE_TIMEOUT_SECONDS
 // and AURORA_OUTBOX_* knob a deliverer service takes (deliverer.Config);
-// the relay takes the AURORA_OUTBOX_* ones.
+// the relay takes the AURORA_OUTBOX_* ones, and the stream the relay's
+// stream knobs (AURORA_OUTBOX_PARTITIONS, AURORA_OUTBOX_STREAM_REPLICAS,
+// AURORA_OUTBOX_DUPLICATE_WINDOW_SECONDS).
 type demoConfig struct {
 	config.Database
 	deliverer.Config
 	config.Export
+	Stream     relay.StreamConfig
 	NATSURL    string `env:"NATS_URL"`
 	StripeKey  string `env:"STRIPE_API_KEY"`
 	StripeBase string `env:"STRIPE_API_BASE"`
@@ -45,7 +49,7 @@ func (c *demoConfig) Validate() error {
 	if c.NATSURL != "" {
 		nats = config.NATS{URL: c.NATSURL}.Validate()
 	}
-	return errors.Join(c.Database.Validate(), c.Config.Validate(), c.Export.Validate(), nats)
+	return errors.Join(c.Database.Validate(), c.Config.Validate(), c.Export.Validate(), c.Stream.Validate(), nats)
 }
 
 // demoGCPercent is the demo process's GOGC when the environment sets none.
@@ -130,6 +134,7 @@ and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS
 			}
 			o.DatabaseURL, o.NATSURL, o.StripeKey, o.StripeBase = cfg.Database.URL, cfg.NATSURL, cfg.StripeKey, cfg.StripeBase
 			o.Account, o.Outbox, o.Deliverer = cfg.StripeAccount, cfg.Outbox, &cfg.Config
+			o.Stream = &cfg.Stream
 			o.Period = usage.Period(cfg.UsagePeriod)
 			o.Logger = ops.NewLogger(os.Stderr, slog.LevelWarn)
 			if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
