@@ -29,10 +29,13 @@ func TestDemoValidateExitCodes(t *testing.T) {
 		{"no deliverers", nil, []string{"--deliverers", "0"}, 2},
 		{"bad faults", nil, []string{"--faults", "http500=2"}, 2},
 		{"only a backoff base above the demo's cap", map[string]string{"AURORA_OUTBOX_BACKOFF_BASE_SECONDS": "20"}, nil, 0},
+		{"four partitions", map[string]string{"AURORA_OUTBOX_PARTITIONS": "4"}, nil, 0},
+		{"no partitions", map[string]string{"AURORA_OUTBOX_PARTITIONS": "0"}, nil, 2},
+		{"too many stream replicas", map[string]string{"AURORA_OUTBOX_STREAM_REPLICAS": "6"}, nil, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, k := range []string{"AURORA_USAGE_PERIOD", "AURORA_STRIPE_MODE", "AURORA_STRIPE_API_KEY", "AURORA_STRIPE_API_BASE",
-				"AURORA_OUTBOX_BACKOFF_BASE_SECONDS", "AURORA_OUTBOX_BACKOFF_CAP_SECONDS"} {
+				"AURORA_OUTBOX_BACKOFF_BASE_SECONDS", "AURORA_OUTBOX_BACKOFF_CAP_SECONDS", "AURORA_OUTBOX_PARTITIONS", "AURORA_OUTBOX_STREAM_REPLICAS"} {
 				t.Setenv(k, "") // restored after the test
 				os.Unsetenv(k)
 			}
