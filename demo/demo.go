@@ -243,6 +243,9 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 			return nil, err
 		}
 		defer os.RemoveAll(dir)
+		if o.Progress != nil { // named for the same reason as the database
+			fmt.Fprintf(o.Progress, "aurora: demo: JetStream store %s (removed at the end; if the demo is killed, rm -rf it)\n", dir)
+		}
 		srv, err := natstest.Start(dir, 0)
 		if err != nil {
 			return nil, err

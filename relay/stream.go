@@ -62,7 +62,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 			want.Metadata[outbox.MetaDatabase] = db // keep the recorded owner
 		}
 		if p := have[outbox.MetaPartitions]; p != "" && p != want.Metadata[outbox.MetaPartitions] && info.State.Msgs > 0 {
-			return nil, fmt.Errorf("%w: stream %s has %d messages on %s partitions; AURORA_OUTBOX_PARTITIONS=%d needs it drained first",
+			return nil, fmt.Errorf("%w: stream %s has %d message(s) on %s partitions; AURORA_OUTBOX_PARTITIONS=%d needs it drained first",
 				ErrStreamConfig, outbox.StreamName, info.State.Msgs, p, cfg.Partitions)
 		}
 		// Leave a stream that already has our settings alone: every relay

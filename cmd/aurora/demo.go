@@ -113,6 +113,11 @@ and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS
 			if cmd.Flags().Changed("input") && o.Input == "" {
 				return usageError{errors.New("--input needs a file (leave the flag out to use the generator)")}
 			}
+			// The embedded JetStream is one server: a replicated stream
+			// would only be refused once everything is set up.
+			if cfg.NATSURL == "" && cfg.Stream.Replicas > 1 {
+				return usageError{fmt.Errorf("AURORA_OUTBOX_STREAM_REPLICAS=%d needs a JetStream cluster; the demo's embedded JetStream is one server: set it to 1 or set AURORA_NATS_URL", cfg.Stream.Replicas)}
+			}
 			if cfg.StripeKey != "" {
 				if err := (stripeexport.Config{APIKey: cfg.StripeKey, APIBase: cfg.StripeBase}).Validate(); err != nil {
 					return err

@@ -32,10 +32,12 @@ func TestDemoValidateExitCodes(t *testing.T) {
 		{"four partitions", map[string]string{"AURORA_OUTBOX_PARTITIONS": "4"}, nil, 0},
 		{"no partitions", map[string]string{"AURORA_OUTBOX_PARTITIONS": "0"}, nil, 2},
 		{"too many stream replicas", map[string]string{"AURORA_OUTBOX_STREAM_REPLICAS": "6"}, nil, 2},
+		{"replicas on the embedded JetStream", map[string]string{"AURORA_OUTBOX_STREAM_REPLICAS": "3"}, nil, 2},
+		{"replicas on an external JetStream", map[string]string{"AURORA_OUTBOX_STREAM_REPLICAS": "3", "AURORA_NATS_URL": "nats://127.0.0.1:4222"}, nil, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, k := range []string{"AURORA_USAGE_PERIOD", "AURORA_STRIPE_MODE", "AURORA_STRIPE_API_KEY", "AURORA_STRIPE_API_BASE",
-				"AURORA_OUTBOX_BACKOFF_BASE_SECONDS", "AURORA_OUTBOX_BACKOFF_CAP_SECONDS", "AURORA_OUTBOX_PARTITIONS", "AURORA_OUTBOX_STREAM_REPLICAS"} {
+				"AURORA_OUTBOX_BACKOFF_BASE_SECONDS", "AURORA_OUTBOX_BACKOFF_CAP_SECONDS", "AURORA_OUTBOX_PARTITIONS", "AURORA_OUTBOX_STREAM_REPLICAS", "AURORA_NATS_URL"} {
 				t.Setenv(k, "") // restored after the test
 				os.Unsetenv(k)
 			}
