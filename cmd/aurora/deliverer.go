@@ -32,7 +32,8 @@ type delivererConfig struct {
 	// 2..256.
 	DBConns int `env:"DELIVERER_DB_CONNS" envDefault:"16"`
 	// HTTPAddr serves /healthz, /readyz and /metrics.
-	// AURORA_DELIVERER_HTTP_ADDR, default 127.0.0.1:9102; empty disables it.
+	// AURORA_DELIVERER_HTTP_ADDR, default 127.0.0.1:9102. Always on: an empty
+	// value counts as unset (the default applies), like every variable.
 	HTTPAddr string `env:"DELIVERER_HTTP_ADDR" envDefault:"127.0.0.1:9102"`
 }
 

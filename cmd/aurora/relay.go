@@ -28,7 +28,8 @@ type relayConfig struct {
 	// relay's: a consumer process reads them.
 	Events events.DispatcherConfig
 	// HTTPAddr serves /healthz, /readyz and /metrics. AURORA_RELAY_HTTP_ADDR,
-	// default 127.0.0.1:9101; empty disables the listener.
+	// default 127.0.0.1:9101. Always on: an empty value counts as unset
+	// (the default applies), like every variable.
 	HTTPAddr string `env:"RELAY_HTTP_ADDR" envDefault:"127.0.0.1:9101"`
 }
 
