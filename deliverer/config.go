@@ -20,6 +20,7 @@ const (
 	ShutdownSecondsDefault        = 30
 	PinnedTTLSecondsDefault       = 10
 	StreamLingerMillisDefault     = 2
+	BatchLingerMillisDefault      = 2
 )
 
 // DefaultFilterSubject is the consumer filter of the default pool: every
@@ -75,6 +76,12 @@ type Config struct {
 	// more lanes' events before it is sent; up to 100 events go in one.
 	// AURORA_DELIVERER_STREAM_LINGER_MS, default 2, 1..100.
 	StreamLingerMillis int `env:"DELIVERER_STREAM_LINGER_MS" envDefault:"2"`
+	// BatchLingerMillis: how long a busy claim or outcome runner (its last
+	// statement carried more than one lane's group) waits for more groups
+	// before it runs a batch under AURORA_OUTBOX_BATCH_SIZE items; an idle
+	// runner never waits (batch.go). AURORA_DELIVERER_BATCH_LINGER_MS,
+	// default 2, 0..100 (0: never wait).
+	BatchLingerMillis int `env:"DELIVERER_BATCH_LINGER_MS" envDefault:"2"`
 }
 
 // StreamLinger is StreamLingerMillis as a duration.
@@ -99,6 +106,7 @@ func DefaultConfig() Config {
 		ShutdownSeconds:        ShutdownSecondsDefault,
 		PinnedTTLSeconds:       PinnedTTLSecondsDefault,
 		StreamLingerMillis:     StreamLingerMillisDefault,
+		BatchLingerMillis:      BatchLingerMillisDefault,
 	}
 }
 
@@ -137,6 +145,7 @@ func (c *Config) Validate() error {
 		config.IntRange("DELIVERER_SHUTDOWN_SECONDS", c.ShutdownSeconds, 1, 600, "seconds"),
 		config.IntRange("DELIVERER_PINNED_TTL_SECONDS", c.PinnedTTLSeconds, 1, 600, "seconds"),
 		config.IntRange("DELIVERER_STREAM_LINGER_MS", c.StreamLingerMillis, 1, 100, "milliseconds"),
+		config.IntRange("DELIVERER_BATCH_LINGER_MS", c.BatchLingerMillis, 0, 100, "milliseconds"),
 	)
 }
 
@@ -161,6 +170,7 @@ type settings struct {
 	pinnedTTL       time.Duration
 	attachCheck     time.Duration
 	laneShare       int
+	batchLinger     time.Duration
 }
 
 func (c Config) settings() settings {
@@ -183,6 +193,7 @@ func (c Config) settings() settings {
 		pinnedTTL:       sec(c.PinnedTTLSeconds),
 		attachCheck:     2 * time.Second,
 		laneShare:       2 * max(c.BatchSize, 1),
+		batchLinger:     time.Duration(c.BatchLingerMillis) * time.Millisecond,
 	}
 }
 

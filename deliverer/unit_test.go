@@ -42,7 +42,7 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	var loaded Config
-	if err := config.LoadFrom(&loaded, map[string]string{}); err != nil || loaded.FilterSubject != DefaultFilterSubject() || loaded.Concurrency != ConcurrencyDefault || loaded.StreamLingerMillis != DefaultConfig().StreamLingerMillis {
+	if err := config.LoadFrom(&loaded, map[string]string{}); err != nil || loaded.FilterSubject != DefaultFilterSubject() || loaded.Concurrency != ConcurrencyDefault || loaded.StreamLingerMillis != DefaultConfig().StreamLingerMillis || loaded.BatchLingerMillis != BatchLingerMillisDefault {
 		t.Fatalf("load defaults: %+v %v", loaded, err)
 	}
 	bad := []struct {
@@ -64,6 +64,8 @@ func TestConfigValidate(t *testing.T) {
 		{map[string]string{"AURORA_DELIVERER_PINNED_TTL_SECONDS": "0"}, "AURORA_DELIVERER_PINNED_TTL_SECONDS"},
 		{map[string]string{"AURORA_DELIVERER_STREAM_LINGER_MS": "0"}, "AURORA_DELIVERER_STREAM_LINGER_MS=0 is out of range; allowed 1..100"},
 		{map[string]string{"AURORA_DELIVERER_STREAM_LINGER_MS": "101"}, "AURORA_DELIVERER_STREAM_LINGER_MS=101 is out of range; allowed 1..100"},
+		{map[string]string{"AURORA_DELIVERER_BATCH_LINGER_MS": "-1"}, "AURORA_DELIVERER_BATCH_LINGER_MS=-1 is out of range; allowed 0..100"},
+		{map[string]string{"AURORA_DELIVERER_BATCH_LINGER_MS": "101"}, "AURORA_DELIVERER_BATCH_LINGER_MS=101 is out of range; allowed 0..100"},
 		{map[string]string{"AURORA_DELIVERER_FILTER_SUBJECT": "aurora.outbox.x.y.z"}, "AURORA_DELIVERER_FILTER_SUBJECT"},
 	}
 	for _, b := range bad {

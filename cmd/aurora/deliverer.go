@@ -70,7 +70,7 @@ AURORA_OUTBOX_MAX_ATTEMPTS, AURORA_OUTBOX_BACKOFF_BASE_SECONDS, AURORA_OUTBOX_BA
 AURORA_UNCERTAINTY_HORIZON_SECONDS, AURORA_DELIVERER_CONCURRENCY, AURORA_DELIVERER_CONSUMER,
 AURORA_DELIVERER_FILTER_SUBJECT, AURORA_DELIVERER_ACK_WAIT_SECONDS, AURORA_DELIVERER_BUSY_DELAY_MS,
 AURORA_DELIVERER_SHUTDOWN_SECONDS, AURORA_DELIVERER_PINNED_TTL_SECONDS, AURORA_DELIVERER_DB_CONNS,
-AURORA_DELIVERER_STREAM_LINGER_MS, AURORA_DELIVERER_HTTP_ADDR.`,
+AURORA_DELIVERER_STREAM_LINGER_MS, AURORA_DELIVERER_BATCH_LINGER_MS, AURORA_DELIVERER_HTTP_ADDR.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var cfg delivererConfig
@@ -78,11 +78,11 @@ AURORA_DELIVERER_STREAM_LINGER_MS, AURORA_DELIVERER_HTTP_ADDR.`,
 				return err
 			}
 			if validate {
-				fmt.Fprintf(cmd.OutOrStdout(), "configuration valid: database=%s nats=%s stripe_api_base=%s stripe_key_mode=%s stripe_timeout_seconds=%d lease_seconds=%d max_attempts=%d backoff_base_seconds=%d backoff_cap_seconds=%d horizon_seconds=%d concurrency=%d consumer=%s filter_subject=%s ack_wait_seconds=%d busy_delay_ms=%d shutdown_seconds=%d pinned_ttl_seconds=%d stream_linger_ms=%d db_conns=%d http_addr=%q\n",
+				fmt.Fprintf(cmd.OutOrStdout(), "configuration valid: database=%s nats=%s stripe_api_base=%s stripe_key_mode=%s stripe_timeout_seconds=%d lease_seconds=%d max_attempts=%d backoff_base_seconds=%d backoff_cap_seconds=%d horizon_seconds=%d concurrency=%d consumer=%s filter_subject=%s ack_wait_seconds=%d busy_delay_ms=%d shutdown_seconds=%d pinned_ttl_seconds=%d stream_linger_ms=%d batch_linger_ms=%d db_conns=%d http_addr=%q\n",
 					redactURL(cfg.Database.URL), redactURL(cfg.NATS.URL), redactURL(cfg.Stripe.APIBase), stripeexport.KeyMode(cfg.Stripe.APIKey),
 					cfg.ProviderTimeoutSeconds, cfg.LeaseSeconds, cfg.MaxAttempts, cfg.BackoffBaseSeconds, cfg.BackoffCapSeconds,
 					cfg.UncertaintyHorizonSeconds, cfg.Concurrency, cfg.Consumer, cfg.FilterSubject, cfg.AckWaitSeconds,
-					cfg.BusyDelayMillis, cfg.ShutdownSeconds, cfg.PinnedTTLSeconds, cfg.StreamLingerMillis, cfg.DBConns, cfg.HTTPAddr)
+					cfg.BusyDelayMillis, cfg.ShutdownSeconds, cfg.PinnedTTLSeconds, cfg.StreamLingerMillis, cfg.BatchLingerMillis, cfg.DBConns, cfg.HTTPAddr)
 				return nil
 			}
 			return runDeliverer(cmd.Context(), cfg)
