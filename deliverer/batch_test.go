@@ -16,7 +16,7 @@ func TestGather(t *testing.T) {
 	tests := []struct {
 		name         string
 		first        call
-		queued       []call // waiting on the channel when gather starts
+		queued       []call // waiting on the channel when gather starts (not with late)
 		late         []call // sent while gather lingers; then the linger fires
 		linger       bool
 		limit        int
@@ -27,7 +27,7 @@ func TestGather(t *testing.T) {
 		{name: "full at the limit", first: call{1, 2}, queued: []call{{3, 4}, {5}}, limit: 4, batch: []call{{1, 2}, {3, 4}}},
 		{name: "a call is never split", first: call{1, 2, 3}, queued: []call{{4, 5}}, limit: 4, batch: []call{{1, 2, 3}, {4, 5}}},
 		{name: "same item twice: later", first: call{1}, queued: []call{{2, 1}, {3}}, limit: 100, batch: []call{{1}, {3}}, later: []call{{2, 1}}},
-		{name: "linger: late calls join until it fires", first: call{1}, queued: []call{{2}}, late: []call{{3}, {4, 5}}, linger: true,
+		{name: "linger: late calls join until it fires", first: call{1}, late: []call{{2}, {3}, {4, 5}}, linger: true,
 			limit: 100, batch: []call{{1}, {2}, {3}, {4, 5}}},
 		{name: "linger: ends when the batch is full", first: call{1}, late: []call{{2}, {3}}, linger: true, limit: 2,
 			batch: []call{{1}, {2}}},
@@ -37,6 +37,9 @@ func TestGather(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
+			if len(tt.queued) > 0 && len(tt.late) > 0 {
+				t.Fatal("a case has queued or late calls, not both: late sends must find the channel unbuffered")
+			}
 			ch := make(chan call, len(tt.queued))
 			for _, c := range tt.queued {
 				ch <- c
@@ -55,8 +58,9 @@ func TestGather(t *testing.T) {
 				}
 				batch, later = gather(tt.first, ch, tt.limit, callIDs, linger)
 			}()
-			// Each late send completes only when gather takes it (or
-			// gather has returned: a full batch).
+			// The channel is unbuffered when there are late calls, so each
+			// send completes only when gather takes it (or gather has
+			// returned: a full batch); the linger fires after the last.
 			for _, c := range tt.late {
 				select {
 				case ch <- c:
