@@ -2,6 +2,7 @@ package deliverer
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
@@ -13,12 +14,14 @@ import (
 // Postgres round trip (and one WAL flush) per batch instead of per item.
 //
 // A busy runner also lingers: when the batch it ran last held more than
-// one call (calls are arriving faster than statements end), it waits up to
+// one call, or the other runner of its kind is running a statement (calls
+// are arriving faster than statements end), it waits up to
 // AURORA_DELIVERER_BATCH_LINGER_MS (default 2) for more calls before
 // running a batch that is not full. A statement's fixed cost is then paid
-// for fuller batches (the stream demo: ~40 → ~60 items a claim). A runner
-// whose last batch was one call never waits, so an idle deliverer still
-// pays nothing; 0 turns lingering off.
+// for fuller batches (BENCHMARKS.md, "Batch linger"). A quiet runner (its
+// last batch one call, no statement of its kind running) never waits, so
+// an idle deliverer still pays nothing; 0 turns lingering off.
+//
 // batchRunners runners of each kind run in parallel. Fewer runners make
 // fuller batches: a statement's fixed cost (~0.4 ms for a claim, ~0.7 ms
 // for an outcome write, measured with pg_stat_statements on the demo) is
@@ -142,18 +145,24 @@ func gather[C any](first C, ch <-chan C, limit int, ids func(C) []int64, linger 
 }
 
 // lingerer decides, for one batch runner, whether its next gather waits
-// for more calls (the package comment above: only after a batch of more
-// than one call) and supplies the timer.
+// for more calls, and supplies the timer. A runner is busy (it lingers)
+// when its last batch held more than one call or another runner of its
+// kind is running a statement now: calls are then arriving faster than
+// statements end. Otherwise (a quiet deliverer) it never waits. The runners
+// of a kind gather one at a time (claimsGather, recordsGather): a runner
+// waiting for its first call would otherwise take the calls a lingering
+// one waits for, and both would run half-empty statements.
 type lingerer struct {
-	d     time.Duration // AURORA_DELIVERER_BATCH_LINGER_MS; 0 = never
-	busy  bool          // the last batch held more than one call
-	timer *time.Timer
+	d         time.Duration // AURORA_DELIVERER_BATCH_LINGER_MS; 0 = never
+	executing *atomic.Int32 // runners of this kind running a statement now
+	busy      bool          // the last batch held more than one call
+	timer     *time.Timer
 }
 
-// next returns the linger channel for the next gather: nil when idle or
+// next returns the linger channel for the next gather: nil when quiet or
 // off, else a timer of l.d started now.
 func (l *lingerer) next() <-chan time.Time {
-	if l.d <= 0 || !l.busy {
+	if l.d <= 0 || !(l.busy || l.executing != nil && l.executing.Load() > 0) {
 		return nil
 	}
 	if l.timer == nil {
@@ -194,19 +203,22 @@ func deferIDs(c deferCall) []int64 {
 // runClaims serves claim batches until stop is closed.
 func (d *Deliverer) runClaims(stop <-chan struct{}) {
 	var carry []claimCall
-	linger := lingerer{d: d.s.batchLinger}
+	linger := lingerer{d: d.s.batchLinger, executing: &d.claimsExecuting}
 	for {
 		var first claimCall
+		d.claimsGather.Lock() // one runner gathers at a time (lingerer)
 		if len(carry) > 0 {
 			first, carry = carry[0], carry[1:]
 		} else {
 			select {
 			case first = <-d.claims:
 			case <-stop:
+				d.claimsGather.Unlock()
 				return
 			}
 		}
 		batch, later := gather(first, d.claims, d.s.batch, claimIDs, linger.next())
+		d.claimsGather.Unlock()
 		linger.ran(len(batch))
 		carry = append(carry, later...)
 		p := claimParams{Now: d.clock.Override(), Exporter: d.exp.Name(), Lease: d.s.lease}
@@ -214,7 +226,9 @@ func (d *Deliverer) runClaims(stop <-chan struct{}) {
 			p.Items = append(p.Items, c.items...)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
+		d.claimsExecuting.Add(1)
 		rs, err := claimItems(ctx, d.db, p)
+		d.claimsExecuting.Add(-1)
 		cancel()
 		off := 0
 		for _, c := range batch {
@@ -230,15 +244,18 @@ func (d *Deliverer) runClaims(stop <-chan struct{}) {
 
 // runRecords serves outcome batches until stop is closed.
 func (d *Deliverer) runRecords(stop <-chan struct{}) {
-	linger := lingerer{d: d.s.batchLinger}
+	linger := lingerer{d: d.s.batchLinger, executing: &d.recordsExecuting}
 	for {
 		var first recordCall
+		d.recordsGather.Lock() // one runner gathers at a time (lingerer)
 		select {
 		case first = <-d.records:
 		case <-stop:
+			d.recordsGather.Unlock()
 			return
 		}
 		batch, later := gather(first, d.records, d.s.batch, recordIDs, linger.next())
+		d.recordsGather.Unlock()
 		linger.ran(len(batch))
 		d.writeRecords(batch)
 		for _, c := range later { // rare: two leases of one item in one batch
@@ -253,7 +270,9 @@ func (d *Deliverer) writeRecords(batch []recordCall) {
 		p.Records = append(p.Records, c.rs...)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
+	d.recordsExecuting.Add(1)
 	errs, err := recordOutcomes(ctx, d.db, p)
+	d.recordsExecuting.Add(-1)
 	cancel()
 	off := 0
 	for _, c := range batch {

@@ -2,6 +2,7 @@ package deliverer
 
 import (
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -87,17 +88,22 @@ func TestLingererOnlyWhenBusy(t *testing.T) {
 		name   string
 		d      time.Duration
 		ran    []int // batch sizes (calls) before next
+		others int32 // runners of the kind running a statement
 		linger bool
 	}{
 		{name: "first batch: idle", d: time.Hour, linger: false},
 		{name: "after a batch of one call", d: time.Hour, ran: []int{3, 1}, linger: false},
 		{name: "after a batch of several calls", d: time.Hour, ran: []int{1, 2}, linger: true},
 		{name: "off (0)", d: 0, ran: []int{5}, linger: false},
+		{name: "one call, the other runner running a statement", d: time.Hour, ran: []int{1}, others: 1, linger: true},
+		{name: "off (0) while the other runs", d: 0, ran: []int{1}, others: 1, linger: false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			l := lingerer{d: tt.d}
+			var executing atomic.Int32
+			executing.Store(tt.others)
+			l := lingerer{d: tt.d, executing: &executing}
 			for _, n := range tt.ran {
 				l.ran(n)
 			}

@@ -49,6 +49,11 @@ type Deliverer struct {
 	claims  chan claimCall
 	records chan recordCall
 	defers  chan deferCall
+	// claimsExecuting, recordsExecuting: runners of each kind running a
+	// statement now; claimsGather, recordsGather: held by the runner of
+	// each kind that is gathering its batch (batch.go, lingerer).
+	claimsExecuting, recordsExecuting atomic.Int32
+	claimsGather, recordsGather       sync.Mutex
 
 	lanes *lanes
 	sem   chan struct{} // lanes running at once (AURORA_DELIVERER_CONCURRENCY)
