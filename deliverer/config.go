@@ -77,10 +77,11 @@ type Config struct {
 	// AURORA_DELIVERER_STREAM_LINGER_MS, default 2, 1..100.
 	StreamLingerMillis int `env:"DELIVERER_STREAM_LINGER_MS" envDefault:"2"`
 	// BatchLingerMillis: how long a busy claim or outcome runner (its last
-	// statement carried more than one lane's group) waits for more groups
-	// before it runs a batch under AURORA_OUTBOX_BATCH_SIZE items; an idle
-	// runner never waits (batch.go). AURORA_DELIVERER_BATCH_LINGER_MS,
-	// default 2, 0..100 (0: never wait).
+	// statement carried more than one lane's group, or the other runner of
+	// its kind is running one) waits for more groups before it runs a batch
+	// under AURORA_OUTBOX_BATCH_SIZE items; a quiet runner never waits
+	// (batch.go). AURORA_DELIVERER_BATCH_LINGER_MS, default 2, 0..100 (0:
+	// never wait).
 	BatchLingerMillis int `env:"DELIVERER_BATCH_LINGER_MS" envDefault:"2"`
 }
 
