@@ -456,6 +456,7 @@ func (d *Deliverer) onMessage(work context.Context, p *partition, msg jetstream.
 		return
 	}
 	key := laneKey(msg.Subject(), m)
+	msg = decodedMsg{Msg: msg, m: m}
 	switch mode, delay := d.lanes.join(key, msg, m.ItemID); mode {
 	case laneQueued:
 	case laneOverflow:

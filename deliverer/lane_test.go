@@ -1,7 +1,9 @@
 package deliverer
 
 import (
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -183,5 +185,38 @@ func TestLaneAdoption(t *testing.T) {
 	}
 	if r := l.adoptDeferred("gone", []deferredItem{{ID: 1, Dispatch: 2}}); r != nil || len(l.parked["gone"]) != 1 {
 		t.Fatalf("closed lane: recall %v, parked %v", r, l.parked["gone"])
+	}
+}
+
+// bodyMsg is a message with a body and nothing else.
+type bodyMsg struct {
+	jetstream.Msg
+	body []byte
+}
+
+func (b bodyMsg) Data() []byte { return b.body }
+
+func TestDecodeMsgDecodesOnce(t *testing.T) {
+	t.Parallel()
+	good := outbox.Message{ItemID: 7, Key: strings.Repeat("a", 64), Dispatch: 2}
+	tests := []struct {
+		name string
+		msg  jetstream.Msg
+		want outbox.Message
+		err  error
+	}{
+		{name: "raw body decoded", msg: bodyMsg{body: good.Encode()}, want: good},
+		{name: "raw bad body", msg: bodyMsg{body: []byte("{")}, err: outbox.ErrBadMessage},
+		// onMessage's decoded body is used as is: the raw body is not read again.
+		{name: "decoded by onMessage", msg: decodedMsg{Msg: bodyMsg{body: []byte("not json")}, m: good}, want: good},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			m, err := decodeMsg(tt.msg)
+			if !errors.Is(err, tt.err) || m != tt.want {
+				t.Fatalf("decodeMsg = %+v, %v; want %+v, %v", m, err, tt.want, tt.err)
+			}
+		})
 	}
 }
