@@ -426,7 +426,8 @@ func (d *Deliverer) Owned() []int {
 // backpressure), a running lane queues it while the lane holds less than
 // its share, and a lane over its share defers it to the relay (deferral).
 // A message of another outbox database is left untouched (delayed, never
-// terminated); one that does not decode is terminated. A panic is recovered
+// terminated); one that does not decode is terminated. A batch message is
+// split into its items (splitBatch), each routed as a message of its own. A panic is recovered
 // (the message is handed back) so a bug cannot end the process.
 func (d *Deliverer) onMessage(work context.Context, p *partition, msg jetstream.Msg) {
 	defer func() {
@@ -446,6 +447,22 @@ func (d *Deliverer) onMessage(work context.Context, p *partition, msg jetstream.
 		d.log.Error("deliverer: message of another outbox database left untouched",
 			"err", (&ForeignDatabaseError{Where: "message", Ours: d.dbID, Their: db}).Error())
 		_ = msg.NakWithDelay(max(d.s.ackWait, 30*time.Second))
+		return
+	}
+	if items, bad, ok := splitBatch(msg); ok { // batchmsg.go
+		if items == nil && bad == 0 {
+			d.m.skips.WithLabelValues("bad_message").Inc()
+			d.log.Error("deliverer: bad batch message terminated", "subject", msg.Subject())
+			_ = msg.Term()
+			return
+		}
+		if bad > 0 {
+			d.m.skips.WithLabelValues("bad_message").Add(float64(bad))
+			d.log.Error("deliverer: bad entries of a batch message terminated", "subject", msg.Subject(), "entries", bad)
+		}
+		for _, it := range items {
+			d.onMessage(work, p, it)
+		}
 		return
 	}
 	m, err := outbox.DecodeMessage(msg.Data())

@@ -14,6 +14,8 @@ import (
 	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/aurora-billing/aurora/stripeemulator"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -308,4 +310,61 @@ func counter(reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return 0
+}
+
+// TestBatchMessageDelivered: a batch message (several items of one
+// partition in one JetStream message) is delivered item by item: every
+// item accepted and applied once, a bad entry set aside and counted, and
+// the message acknowledged once every item settled. A batch that comes
+// again with one of them and a new item delivers only the new one.
+func TestBatchMessageDelivered(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stripeemulator.Faults{})
+	r := h.start(testConfig())
+	var rows []outbox.Row
+	var b outbox.Batch
+	var subject string
+	for i := range 4 {
+		row := h.stage(h.item("org_1", fmt.Sprintf("event:batch%d", i), int64(i+1)))
+		rows = append(rows, row)
+		s, m := laneMessage(t, h.pool, row)
+		subject = s
+		b.Items = append(b.Items, outbox.BatchEntry{Subject: s, Message: m})
+	}
+	b.Items = append(b.Items, outbox.BatchEntry{Subject: subject, Message: outbox.Message{ItemID: 1, Key: "not-a-key", Dispatch: 1}})
+	publishBatch := func(b outbox.Batch) {
+		t.Helper()
+		msg := &nats.Msg{Subject: subject, Data: b.Encode(), Header: nats.Header{outbox.HeaderBatch: []string{fmt.Sprint(len(b.Items))}}}
+		msg.Header.Set(jetstream.MsgIDHeader, outbox.BatchMsgID(b))
+		if _, err := h.js.PublishMsg(context.Background(), msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publishBatch(b)
+	for _, row := range rows {
+		h.awaitState(row.ID, outbox.StateAccepted)
+	}
+	h.await("batch message acknowledged", func() bool { return h.pending() == 0 })
+	for _, row := range rows {
+		if n := h.emu.Applications(row.IdempotencyKey); n != 1 {
+			t.Fatalf("item %d applied %d times", row.ID, n)
+		}
+	}
+	if got := skipped(r.reg, "bad_message"); got != 1 {
+		t.Fatalf("bad entries counted as skipped: %v, want 1", got)
+	}
+
+	// Again: an item already accepted and a new one.
+	fresh := h.stage(h.item("org_1", "event:batch-new", 9))
+	_, m := laneMessage(t, h.pool, fresh)
+	requests := len(h.emu.Requests())
+	publishBatch(outbox.Batch{Items: []outbox.BatchEntry{b.Items[0], {Subject: subject, Message: m}}})
+	h.awaitState(fresh.ID, outbox.StateAccepted)
+	h.await("second batch acknowledged", func() bool { return h.pending() == 0 })
+	if h.emu.Applications(rows[0].IdempotencyKey) != 1 || h.emu.Applications(fresh.IdempotencyKey) != 1 {
+		t.Fatal("an item was applied twice, or the new one not at all")
+	}
+	if got := len(h.emu.Requests()) - requests; got != 1 {
+		t.Fatalf("%d provider requests for the second batch, want 1 (the new item)", got)
+	}
 }

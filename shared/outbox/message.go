@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 )
 
 // The JetStream contract between the relay and the deliverers.
@@ -76,8 +77,85 @@ func DecodeMessage(b []byte) (Message, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return Message{}, fmt.Errorf("%w: %v", ErrBadMessage, err)
 	}
-	if m.ItemID <= 0 || len(m.Key) != 64 || m.Dispatch < 1 {
-		return Message{}, fmt.Errorf("%w: item_id, key and dispatch are required", ErrBadMessage)
+	if err := m.Validate(); err != nil {
+		return Message{}, err
 	}
 	return m, nil
+}
+
+// Validate checks what a deliverer needs of a message: an item id above 0,
+// a 64-character key and a dispatch of at least 1 (ErrBadMessage
+// otherwise).
+func (m Message) Validate() error {
+	if m.ItemID <= 0 || len(m.Key) != 64 || m.Dispatch < 1 {
+		return fmt.Errorf("%w: item_id, key and dispatch are required", ErrBadMessage)
+	}
+	return nil
+}
+
+// HeaderBatch marks a batch message: its body is a Batch (several items of
+// one partition in one JetStream message) instead of one Message; the
+// value is the number of items. Deliverers of this build accept both
+// kinds; relays publish one message per item. A relay that sends batches
+// needs every deliverer of the pool to accept them first (an older one
+// terminates a batch body as a bad message, and its items wait for the
+// relay's re-dispatch sweep), and must keep each batch within the subjects
+// of one deliverer pool.
+const HeaderBatch = "Aurora-Outbox-Batch"
+
+// BatchEntry is one item of a Batch: the subject its own message would
+// have (aurora.outbox.<exporter>.<tenant-token>.<partition>; the deliverer
+// keys the item's lane from it) and the item's Message.
+type BatchEntry struct {
+	Subject string `json:"subject"`
+	Message
+}
+
+// Batch is the body of a batch message (HeaderBatch).
+type Batch struct {
+	Items []BatchEntry `json:"items"`
+}
+
+// Encode returns the JSON body.
+func (b Batch) Encode() []byte {
+	out, _ := json.Marshal(b) // cannot fail: plain fields
+	return out
+}
+
+// DecodeBatch parses a batch body: ErrBadMessage when it is not JSON of a
+// Batch or holds no item. Entries are not validated here: a deliverer
+// checks each (BatchEntry.Validate) and sets aside only the bad ones.
+func DecodeBatch(b []byte) (Batch, error) {
+	var out Batch
+	if err := json.Unmarshal(b, &out); err != nil {
+		return Batch{}, fmt.Errorf("%w: batch: %v", ErrBadMessage, err)
+	}
+	if len(out.Items) == 0 {
+		return Batch{}, fmt.Errorf("%w: batch without items", ErrBadMessage)
+	}
+	return out, nil
+}
+
+// Validate checks the entry's message (Message.Validate) and that it names
+// an outbox subject (ErrBadMessage otherwise).
+func (e BatchEntry) Validate() error {
+	if !strings.HasPrefix(e.Subject, SubjectPrefix+".") {
+		return fmt.Errorf("%w: batch entry without an outbox subject", ErrBadMessage)
+	}
+	return e.Message.Validate()
+}
+
+// BatchMsgID returns the Nats-Msg-Id of a batch: "batch." and the
+// lowercase hex SHA-256 of its items' MsgIDs in order, one per line. A
+// republish of the same items at the same dispatches in the same order is
+// dropped by JetStream within its duplicate window; any other composition
+// is a new message, whose items the deliverers' claims find already
+// handled.
+func BatchMsgID(b Batch) string {
+	h := sha256.New()
+	for _, e := range b.Items {
+		h.Write([]byte(MsgID(e.Key, e.Dispatch)))
+		h.Write([]byte{'\n'})
+	}
+	return "batch." + hex.EncodeToString(h.Sum(nil))
 }

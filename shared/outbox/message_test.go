@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -45,5 +46,61 @@ func TestMessageRoundTrip(t *testing.T) {
 	}
 	if MsgID(m.Key, 3) != m.Key+".3" {
 		t.Error("msg id shape")
+	}
+}
+
+func TestBatchRoundTripAndValidation(t *testing.T) {
+	t.Parallel()
+	key := strings.Repeat("b", 64)
+	good := BatchEntry{Subject: PartitionSubject("stripe_meter_events", "org_1", 3), Message: Message{ItemID: 9, Key: key, Dispatch: 1, Lane: "l"}}
+	b := Batch{Items: []BatchEntry{good, {Subject: good.Subject, Message: Message{ItemID: 10, Key: key, Dispatch: 2}}}}
+	got, err := DecodeBatch(b.Encode())
+	if err != nil || len(got.Items) != 2 || got.Items[0] != good || got.Items[1].Dispatch != 2 {
+		t.Fatalf("round trip: %+v, %v", got, err)
+	}
+	for _, bad := range []string{"", "{", `{"items":[]}`, `{}`, `[]`, `{"items":{}}`} {
+		if _, err := DecodeBatch([]byte(bad)); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("DecodeBatch(%q): got %v, want ErrBadMessage", bad, err)
+		}
+	}
+	cases := []struct {
+		name string
+		e    BatchEntry
+		ok   bool
+	}{
+		{"good", good, true},
+		{"no subject", BatchEntry{Message: good.Message}, false},
+		{"another stream's subject", BatchEntry{Subject: "aurora.events.X", Message: good.Message}, false},
+		{"no item id", BatchEntry{Subject: good.Subject, Message: Message{Key: key, Dispatch: 1}}, false},
+		{"short key", BatchEntry{Subject: good.Subject, Message: Message{ItemID: 1, Key: "k", Dispatch: 1}}, false},
+		{"dispatch 0", BatchEntry{Subject: good.Subject, Message: Message{ItemID: 1, Key: key}}, false},
+	}
+	for _, c := range cases {
+		if err := c.e.Validate(); (err == nil) != c.ok || (err != nil && !errors.Is(err, ErrBadMessage)) {
+			t.Errorf("%s: Validate() = %v", c.name, err)
+		}
+	}
+}
+
+func TestBatchMsgIDDependsOnItemsDispatchesAndOrder(t *testing.T) {
+	t.Parallel()
+	e := func(id int64, d int32) BatchEntry {
+		return BatchEntry{Subject: "aurora.outbox.x.t.0", Message: Message{ItemID: id, Key: strings.Repeat(fmt.Sprint(id), 64), Dispatch: d}}
+	}
+	base := BatchMsgID(Batch{Items: []BatchEntry{e(1, 1), e(2, 1)}})
+	if !strings.HasPrefix(base, "batch.") || len(base) != len("batch.")+64 {
+		t.Fatalf("shape: %q", base)
+	}
+	if again := BatchMsgID(Batch{Items: []BatchEntry{e(1, 1), e(2, 1)}}); again != base {
+		t.Error("the same batch must give the same id")
+	}
+	for name, other := range map[string]Batch{
+		"order":    {Items: []BatchEntry{e(2, 1), e(1, 1)}},
+		"dispatch": {Items: []BatchEntry{e(1, 1), e(2, 2)}},
+		"fewer":    {Items: []BatchEntry{e(1, 1)}},
+	} {
+		if BatchMsgID(other) == base {
+			t.Errorf("%s: a different batch got the same id", name)
+		}
 	}
 }
