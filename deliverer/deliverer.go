@@ -252,7 +252,9 @@ const PriorityGroup = "lanes"
 // filter subjects with p appended (FilterFor), explicit acks, AckWait from
 // the configuration, unlimited deliveries (Postgres decides what is due; a
 // message is only "try now"), the pinned-client priority policy with the
-// configured pinned TTL, and an ack-pending window a few lanes' shares wide.
+// configured pinned TTL, an ack-pending window a few lanes' shares wide,
+// and metadata saying its deliverers accept batch messages
+// (outbox.MetaBatchMessages).
 func (d *Deliverer) ConsumerConfig(p int) jetstream.ConsumerConfig {
 	filters := make([]string, 0, len(d.s.filterSubjects))
 	for _, f := range d.s.filterSubjects {
@@ -270,6 +272,9 @@ func (d *Deliverer) ConsumerConfig(p int) jetstream.ConsumerConfig {
 		PriorityPolicy: jetstream.PriorityPolicyPinned,
 		PriorityGroups: []string{PriorityGroup},
 		PinnedTTL:      d.s.pinnedTTL,
+		// Deliverers of this build accept batch messages (batchmsg.go); a
+		// relay batches only for subjects such a consumer filters.
+		Metadata: map[string]string{outbox.MetaBatchMessages: "1"},
 	}
 	if len(filters) == 1 {
 		cc.FilterSubject = filters[0]

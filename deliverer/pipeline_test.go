@@ -1,6 +1,7 @@
 package deliverer_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -8,6 +9,8 @@ import (
 	"github.com/aurora-billing/aurora/shared/identity"
 	"github.com/aurora-billing/aurora/shared/outbox"
 	"github.com/aurora-billing/aurora/stripeemulator"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestPipelineWithRelay runs the export path end to end: rows committed in
@@ -50,4 +53,47 @@ func TestPipelineWithRelay(t *testing.T) {
 		t.Fatalf("applied %d, duplicates %v, overlaps %d", n, h.emu.DuplicateApplications(), h.emu.Overlaps())
 	}
 	sameWire(t, h, rows[4].IdempotencyKey, 2)
+}
+
+// TestRelayBatchMessagesDelivered: a relay with
+// AURORA_RELAY_BATCH_MESSAGE_ITEMS at 50 and this build's deliverers (their
+// partition consumers accept batches): items of several tenants travel in
+// batch messages and every one is accepted and applied once, the stream
+// drained.
+func TestRelayBatchMessagesDelivered(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stripeemulator.Faults{})
+	r := h.start(testConfig())
+	h.await("partition consumers attached", func() bool {
+		for p := range outbox.PartitionsDefault {
+			c, err := h.js.Consumer(context.Background(), outbox.StreamName, r.d.ConsumerName(p))
+			if err != nil || c.CachedInfo().Config.Metadata[outbox.MetaBatchMessages] != "1" {
+				return false
+			}
+		}
+		return true
+	})
+	h.addTenant("org_2", "cus_2")
+	h.addTenant("org_3", "cus_3")
+	var rows []outbox.Row
+	for i := range 30 {
+		rows = append(rows, h.stage(h.item(fmt.Sprintf("org_%d", i%3+1), fmt.Sprintf("event:rb%d", i), 1)))
+	}
+	reg := prometheus.NewRegistry()
+	rc := relay.DefaultConfig()
+	rc.PollMS = 20
+	rc.BatchMessageItems = 50
+	h.runRelay(rc, relay.WithRegistry(reg))
+	for _, row := range rows {
+		h.awaitState(row.ID, outbox.StateAccepted)
+	}
+	h.await("stream drained", func() bool { return h.pending() == 0 })
+	for _, row := range rows {
+		if n := h.emu.Applications(row.IdempotencyKey); n != 1 {
+			t.Fatalf("item %d applied %d times", row.ID, n)
+		}
+	}
+	if n := testutil.ToFloat64(mustCounter(reg, "aurora_relay_batch_messages_total")); n < 1 {
+		t.Fatal("no batch message was published")
+	}
 }

@@ -47,6 +47,12 @@ import (
 	"github.com/stripe/stripe-go/v76/client"
 )
 
+// DefaultRelayBatchMessageItems is the demo relay's batch message size:
+// its deliverers are this build, which accepts batch messages, so it need
+// not wait for older ones the way a deployment's relay does (its default
+// is 1).
+const DefaultRelayBatchMessageItems = 100
+
 // Options configure one demo run.
 type Options struct {
 	DatabaseURL string // server to create the demo database on (AURORA_DATABASE_URL)
@@ -78,6 +84,10 @@ type Options struct {
 	GenTenants   int
 	GenRequests  int
 	Outbox       config.Outbox
+	// RelayBatchMessageItems: the most items the relay puts in one
+	// JetStream message (AURORA_RELAY_BATCH_MESSAGE_ITEMS; 1 = one message
+	// per item; 0 = DefaultRelayBatchMessageItems).
+	RelayBatchMessageItems int
 	// Period is the usage period items are counted in (AURORA_USAGE_PERIOD;
 	// "" = usage.PeriodDay).
 	Period usage.Period
@@ -320,6 +330,8 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 	}
 	rcfg.Outbox = o.Outbox
 	rcfg.PollMS = 200
+	// The demo's deliverers are this build, which accepts batch messages.
+	rcfg.BatchMessageItems = cmp.Or(o.RelayBatchMessageItems, DefaultRelayBatchMessageItems)
 	if _, err := relay.EnsureStream(ctx, js, rcfg.Stream); err != nil {
 		return nil, err
 	}

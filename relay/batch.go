@@ -162,13 +162,18 @@ func (c claimed) message(partitions int, database string) *nats.Msg {
 	lane := c.lane()
 	return &nats.Msg{
 		Subject: outbox.PartitionSubject(c.exporter, c.tenant, outbox.Partition(lane, partitions)),
-		Data:    outbox.Message{ItemID: c.id, Key: c.key, Dispatch: c.dispatch, Feature: c.feature, Lane: lane}.Encode(),
+		Data:    c.body().Encode(),
 		Header: nats.Header{
 			jetstream.MsgIDHeader:          []string{outbox.MsgID(c.key, c.dispatch)},
 			jetstream.ExpectedStreamHeader: []string{outbox.StreamName},
 			outbox.HeaderDatabase:          []string{database},
 		},
 	}
+}
+
+// body is the row's outbox.Message (feature and lane as routing hints).
+func (c claimed) body() outbox.Message {
+	return outbox.Message{ItemID: c.id, Key: c.key, Dispatch: c.dispatch, Feature: c.feature, Lane: c.lane()}
 }
 
 // batch takes up to BatchSize due rows of the publish queue in one
@@ -378,14 +383,16 @@ func itemIDs(cs []claimed) []int64 {
 	return ids
 }
 
-// publish sends every item asynchronously, at most MaxInflight unacknowledged
-// across all workers, and waits for the PubAcks until the publish timeout.
+// publish sends every item asynchronously — one message each, or batch
+// messages where AURORA_RELAY_BATCH_MESSAGE_ITEMS and the consumers allow
+// (batchmsg.go) — at most MaxInflight messages unacknowledged across all
+// workers, and waits for the PubAcks until the publish timeout.
 // It returns the acknowledged items (a duplicate PubAck counts: JetStream
 // already holds this dispatch's message) and the first error.
 func (r *Relay) publish(ctx context.Context, items []claimed) ([]claimed, error) {
 	type future struct {
-		item claimed
-		paf  jetstream.PubAckFuture
+		items []claimed // what the message carries: one item, or a batch's
+		paf   jetstream.PubAckFuture
 	}
 	futures := make([]future, 0, len(items))
 	acked := make([]claimed, 0, len(items))
@@ -411,7 +418,7 @@ func (r *Relay) publish(ctx context.Context, items []claimed) ([]claimed, error)
 		if !expired {
 			select {
 			case ack := <-f.paf.Ok():
-				if err := r.ack(ack, f.item, &acked); err != nil {
+				if err := r.ack(ack, f.items, &acked); err != nil {
 					fail(err)
 				}
 				return
@@ -424,7 +431,7 @@ func (r *Relay) publish(ctx context.Context, items []claimed) ([]claimed, error)
 		}
 		select { // past the deadline: take what has arrived
 		case ack := <-f.paf.Ok():
-			if err := r.ack(ack, f.item, &acked); err != nil {
+			if err := r.ack(ack, f.items, &acked); err != nil {
 				fail(err)
 			}
 		case err := <-f.paf.Err():
@@ -434,7 +441,7 @@ func (r *Relay) publish(ctx context.Context, items []claimed) ([]claimed, error)
 		}
 	}
 
-	for _, it := range items {
+	for _, u := range r.units(ctx, items) {
 		// Take an in-flight slot. While none is free, settle our own oldest
 		// future first (so two workers never wait on each other), then wait
 		// for a peer to free one.
@@ -460,13 +467,13 @@ func (r *Relay) publish(ctx context.Context, items []claimed) ([]claimed, error)
 				return acked, firstErr
 			}
 		}
-		paf, err := r.js.PublishMsgAsync(it.message(r.cfg.Stream.Partitions, r.cfg.Stream.Database))
+		paf, err := r.js.PublishMsgAsync(u.msg)
 		if err != nil {
 			<-r.inflight
 			fail(err)
 			continue
 		}
-		futures = append(futures, future{item: it, paf: paf})
+		futures = append(futures, future{items: u.items, paf: paf})
 	}
 	for waited < len(futures) {
 		resolve()
@@ -474,16 +481,20 @@ func (r *Relay) publish(ctx context.Context, items []claimed) ([]claimed, error)
 	return acked, firstErr
 }
 
-// ack records one PubAck. A PubAck from another stream cannot happen
-// (Nats-Expected-Stream) but is refused rather than trusted.
-func (r *Relay) ack(a *jetstream.PubAck, it claimed, acked *[]claimed) error {
+// ack records one PubAck: every item of its message is published. A PubAck
+// from another stream cannot happen (Nats-Expected-Stream) but is refused
+// rather than trusted.
+func (r *Relay) ack(a *jetstream.PubAck, items []claimed, acked *[]claimed) error {
 	if a == nil || a.Stream != outbox.StreamName {
 		return fmt.Errorf("relay: PubAck from an unexpected stream")
 	}
 	if a.Duplicate {
 		r.m.duplicates.Inc()
 	}
-	*acked = append(*acked, it)
+	if len(items) > 1 {
+		r.m.batchMessages.Inc()
+	}
+	*acked = append(*acked, items...)
 	return nil
 }
 

@@ -65,6 +65,15 @@ type Config struct {
 	// unacknowledged rows are left unpublished for the next batch, in
 	// milliseconds. AURORA_RELAY_PUBLISH_TIMEOUT_MS, default 5000, 100..60000.
 	PublishTimeoutMS int `env:"RELAY_PUBLISH_TIMEOUT_MS" envDefault:"5000"`
+	// BatchMessageItems: the most items one JetStream message carries. 1
+	// (the default) publishes one message per item. Above 1, a batch's due
+	// items of one exporter and partition go out as batch messages
+	// (outbox.Batch on outbox.BatchSubject) of up to this many items — but
+	// only to a subject a partition consumer whose deliverers accept
+	// batches filters (outbox.MetaBatchMessages, re-read every
+	// batchSubjectsTTL); every other item is still published alone.
+	// AURORA_RELAY_BATCH_MESSAGE_ITEMS, default 1, 1..1000.
+	BatchMessageItems int `env:"RELAY_BATCH_MESSAGE_ITEMS" envDefault:"1"`
 	// Stream configures the AURORA_OUTBOX stream.
 	Stream StreamConfig
 }
@@ -105,6 +114,7 @@ func DefaultConfig() Config {
 		MaxInflight:       MaxInflightDefault,
 		Workers:           WorkersDefault,
 		PublishTimeoutMS:  int(PublishTimeoutDefault / time.Millisecond),
+		BatchMessageItems: 1,
 		Stream:            DefaultStreamConfig(),
 	}
 }
@@ -127,6 +137,7 @@ func (c Config) Validate() error {
 		config.IntRange("RELAY_MAX_INFLIGHT", c.MaxInflight, 1, 10000, "messages"),
 		config.IntRange("RELAY_WORKERS", c.Workers, 1, 64, "workers"),
 		config.IntRange("RELAY_PUBLISH_TIMEOUT_MS", c.PublishTimeoutMS, 100, 60000, "milliseconds"),
+		config.IntRange("RELAY_BATCH_MESSAGE_ITEMS", c.BatchMessageItems, 1, 1000, "items"),
 		c.Stream.Validate(),
 	)
 }

@@ -31,6 +31,7 @@ const (
 // to New (WithRegistry), never on the global default registry.
 type metrics struct {
 	published     prometheus.Counter
+	batchMessages prometheus.Counter
 	duplicates    prometheus.Counter
 	publishErrors *prometheus.CounterVec
 	redispatched  prometheus.Counter
@@ -45,6 +46,10 @@ func newMetrics(pool *pgxpool.Pool, clk clock.Clock, timeout time.Duration, log 
 		published: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "aurora_relay_published_total",
 			Help: "Rows marked published: their dispatch's message got a PubAck (duplicates included).",
+		}),
+		batchMessages: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aurora_relay_batch_messages_total",
+			Help: "Batch messages that got a PubAck (several items in one message: AURORA_RELAY_BATCH_MESSAGE_ITEMS above 1 and a partition consumer that accepts them).",
 		}),
 		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "aurora_relay_duplicates_total",
@@ -87,7 +92,7 @@ func newMetrics(pool *pgxpool.Pool, clk clock.Clock, timeout time.Duration, log 
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.published, m.duplicates, m.publishErrors, m.redispatched, m.marksSkipped, m.batchErrors, m.inflight, m.backlog}
+	return []prometheus.Collector{m.published, m.batchMessages, m.duplicates, m.publishErrors, m.redispatched, m.marksSkipped, m.batchErrors, m.inflight, m.backlog}
 }
 
 // backlogCollector measures the oldest due-but-unpublished row at scrape

@@ -129,6 +129,8 @@ type Relay struct {
 	streamMissing atomic.Bool
 	// started guards Run against a second call.
 	started atomic.Bool
+	// batchTargets: the subjects batch messages may go to (batchmsg.go).
+	batchTargets batchTargets
 }
 
 // New returns a relay over pool (the outbox database) and js (a JetStream

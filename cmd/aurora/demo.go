@@ -38,10 +38,14 @@ type demoConfig struct {
 	config.Database
 	deliverer.Config
 	config.Export
-	Stream     relay.StreamConfig
-	NATSURL    string `env:"NATS_URL"`
-	StripeKey  string `env:"STRIPE_API_KEY"`
-	StripeBase string `env:"STRIPE_API_BASE"`
+	Stream relay.StreamConfig
+	// BatchMessageItems: the relay's AURORA_RELAY_BATCH_MESSAGE_ITEMS; unset
+	// (0), the demo's demo.DefaultRelayBatchMessageItems (its deliverers
+	// are this build, which accepts batches).
+	BatchMessageItems int    `env:"RELAY_BATCH_MESSAGE_ITEMS"`
+	NATSURL           string `env:"NATS_URL"`
+	StripeKey         string `env:"STRIPE_API_KEY"`
+	StripeBase        string `env:"STRIPE_API_BASE"`
 }
 
 func (c *demoConfig) Validate() error {
@@ -49,7 +53,8 @@ func (c *demoConfig) Validate() error {
 	if c.NATSURL != "" {
 		nats = config.NATS{URL: c.NATSURL}.Validate()
 	}
-	return errors.Join(c.Database.Validate(), c.Config.Validate(), c.Export.Validate(), c.Stream.Validate(), nats)
+	return errors.Join(c.Database.Validate(), c.Config.Validate(), c.Export.Validate(), c.Stream.Validate(), nats,
+		config.IntRange("RELAY_BATCH_MESSAGE_ITEMS", c.BatchMessageItems, 0, 1000, "items (0 or unset: the demo's 100)"))
 }
 
 // demoGCPercent is the demo process's GOGC when the environment sets none.
@@ -72,7 +77,9 @@ and several deliverers. Usage comes from --input (an Apache/nginx access log or 
 deterministic generator. Prints a summary, or JSON with --json; logs go to stderr.
 
 The demo shortens retry backoff to base 1 s, cap 10 s (a base set above 10 s is its own cap),
-and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS.md).`,
+publishes batch messages of up to 100 items unless AURORA_RELAY_BATCH_MESSAGE_ITEMS is set (its
+deliverers accept them), and runs the Go garbage collector at GOGC=400 unless GOGC is set (see
+BENCHMARKS.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var cfg demoConfig
@@ -140,6 +147,7 @@ and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS
 			o.DatabaseURL, o.NATSURL, o.StripeKey, o.StripeBase = cfg.Database.URL, cfg.NATSURL, cfg.StripeKey, cfg.StripeBase
 			o.Account, o.Outbox, o.Deliverer = cfg.StripeAccount, cfg.Outbox, &cfg.Config
 			o.Stream = &cfg.Stream
+			o.RelayBatchMessageItems = cfg.BatchMessageItems
 			o.Period = usage.Period(cfg.UsagePeriod)
 			o.Logger = ops.NewLogger(os.Stderr, slog.LevelWarn)
 			if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {

@@ -63,6 +63,8 @@ events older than AURORA_EVENTS_RETENTION_HOURS are purged. See docs/events.md.
 Configuration: AURORA_DATABASE_URL, AURORA_NATS_URL, AURORA_OUTBOX_BATCH_SIZE,
 AURORA_RELAY_POLL_MS, AURORA_RELAY_REDISPATCH_SECONDS, AURORA_RELAY_REDISPATCH_SCAN_MS,
 AURORA_RELAY_MAX_INFLIGHT, AURORA_RELAY_WORKERS, AURORA_RELAY_PUBLISH_TIMEOUT_MS,
+AURORA_RELAY_BATCH_MESSAGE_ITEMS (items per JetStream message; 1, the default, sends one
+message per item; above 1, batch messages where a partition consumer accepts them),
 AURORA_OUTBOX_STREAM_REPLICAS, AURORA_OUTBOX_DUPLICATE_WINDOW_SECONDS, AURORA_RELAY_HTTP_ADDR,
 and the dispatcher's AURORA_EVENTS_DISPATCH_*, AURORA_EVENTS_PUBLISH_TIMEOUT_MS,
 AURORA_EVENTS_STREAM_*, AURORA_EVENTS_DUPLICATE_WINDOW_SECONDS and AURORA_EVENTS_RETENTION_*
@@ -74,9 +76,9 @@ knobs (aurora relay --validate lists them all; the AURORA_EVENTS_CONSUMER_* knob
 				return err
 			}
 			if validate {
-				fmt.Fprintf(cmd.OutOrStdout(), "configuration valid: database=%s nats=%s batch_size=%d poll_ms=%d redispatch_seconds=%d redispatch_scan_ms=%d max_inflight=%d workers=%d publish_timeout_ms=%d stream_replicas=%d duplicate_window_seconds=%d http_addr=%q events_dispatch_batch_size=%d events_dispatch_poll_ms=%d events_dispatch_max_attempts=%d\n",
+				fmt.Fprintf(cmd.OutOrStdout(), "configuration valid: database=%s nats=%s batch_size=%d poll_ms=%d redispatch_seconds=%d redispatch_scan_ms=%d max_inflight=%d workers=%d publish_timeout_ms=%d batch_message_items=%d stream_replicas=%d duplicate_window_seconds=%d http_addr=%q events_dispatch_batch_size=%d events_dispatch_poll_ms=%d events_dispatch_max_attempts=%d\n",
 					redactURL(cfg.Database.URL), redactURL(cfg.NATS.URL), cfg.Outbox.BatchSize, cfg.PollMS, cfg.RedispatchSeconds,
-					cfg.RedispatchScanMS, cfg.MaxInflight, cfg.Workers, cfg.PublishTimeoutMS, cfg.Stream.Replicas,
+					cfg.RedispatchScanMS, cfg.MaxInflight, cfg.Workers, cfg.PublishTimeoutMS, cfg.BatchMessageItems, cfg.Stream.Replicas,
 					cfg.Stream.DuplicateWindowSeconds, cfg.HTTPAddr, cfg.Events.DispatchBatchSize, cfg.Events.DispatchPollMS,
 					cfg.Events.DispatchMaxAttempts)
 				return nil

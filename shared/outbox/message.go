@@ -95,12 +95,12 @@ func (m Message) Validate() error {
 
 // HeaderBatch marks a batch message: its body is a Batch (several items of
 // one partition in one JetStream message) instead of one Message; the
-// value is the number of items. Deliverers of this build accept both
-// kinds; relays publish one message per item. A relay that sends batches
-// needs every deliverer of the pool to accept them first (an older one
-// terminates a batch body as a bad message, and its items wait for the
-// relay's re-dispatch sweep), and must keep each batch within the subjects
-// of one deliverer pool.
+// value is the number of items. Deliverers of this build accept both kinds
+// and say so in their consumers' metadata (MetaBatchMessages); a relay
+// sends batches (AURORA_RELAY_BATCH_MESSAGE_ITEMS above 1, on
+// BatchSubject) only to subjects such a consumer filters, since an older
+// deliverer terminates a batch body as a bad message (its items then wait
+// for the relay's re-dispatch sweep).
 const HeaderBatch = "Aurora-Outbox-Batch"
 
 // BatchEntry is one item of a Batch: the subject its own message would
@@ -158,4 +158,38 @@ func BatchMsgID(b Batch) string {
 		h.Write([]byte{'\n'})
 	}
 	return "batch." + hex.EncodeToString(h.Sum(nil))
+}
+
+// BatchToken stands in the tenant position of a batch message's subject:
+// aurora.outbox.<exporter>._batch.<partition> (BatchSubject). No tenant
+// token can be it (a raw token starts with a letter or digit, a hashed one
+// with "~"), so a pool that filters by tenant never matches a batch; a pool
+// whose filter has "*" there does.
+const BatchToken = "_batch"
+
+// BatchSubject returns the subject of a batch message of exporter's items
+// on partition p.
+func BatchSubject(exporter string, p int) string {
+	return SubjectPrefix + "." + TenantToken(exporter) + "." + BatchToken + "." + strconv.Itoa(p)
+}
+
+// MetaBatchMessages is the consumer metadata key ("1") by which a
+// deliverer's partition consumer says its deliverers accept batch messages.
+// A relay sends a batch only to a subject such a consumer filters: never to
+// a pool of older deliverers, or to subjects no pool takes as a whole.
+const MetaBatchMessages = "aurora_batch_messages"
+
+// SubjectMatches reports whether subject is matched by filter, NATS style:
+// tokens split on ".", "*" matches one token, a final ">" one or more.
+func SubjectMatches(filter, subject string) bool {
+	fs, ss := strings.Split(filter, "."), strings.Split(subject, ".")
+	for i, f := range fs {
+		if f == ">" {
+			return i == len(fs)-1 && len(ss) > i
+		}
+		if i >= len(ss) || (f != "*" && f != ss[i]) {
+			return false
+		}
+	}
+	return len(fs) == len(ss)
 }

@@ -104,3 +104,32 @@ func TestBatchMsgIDDependsOnItemsDispatchesAndOrder(t *testing.T) {
 		}
 	}
 }
+
+func TestSubjectMatches(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		filter, subject string
+		want            bool
+	}{
+		{"aurora.outbox.x.*.3", "aurora.outbox.x._batch.3", true},
+		{"aurora.outbox.x.*.3", "aurora.outbox.x.org_1.3", true},
+		{"aurora.outbox.x.*.3", "aurora.outbox.x._batch.4", false},
+		{"aurora.outbox.x.org_1.3", "aurora.outbox.x._batch.3", false},
+		{"aurora.outbox.>", "aurora.outbox.x._batch.3", true},
+		{"aurora.outbox.>", "aurora.outbox", false},
+		{"aurora.outbox.x.*", "aurora.outbox.x.t.3", false},
+		{"aurora.outbox.x.*.3", "aurora.outbox.x.t", false},
+		{"aurora.>.x", "aurora.a.x", false},
+	}
+	for _, c := range cases {
+		if got := SubjectMatches(c.filter, c.subject); got != c.want {
+			t.Errorf("SubjectMatches(%q, %q) = %v, want %v", c.filter, c.subject, got, c.want)
+		}
+	}
+	if got := BatchSubject("stripe_meter_events", 7); got != "aurora.outbox.stripe_meter_events._batch.7" {
+		t.Errorf("BatchSubject: %q", got)
+	}
+	if rawTenantToken.MatchString(BatchToken) || TenantToken(BatchToken) == BatchToken {
+		t.Error("the batch token must not be a tenant token")
+	}
+}

@@ -1,0 +1,180 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/aurora-billing/aurora/shared/outbox"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Batch messages (AURORA_RELAY_BATCH_MESSAGE_ITEMS above 1): a batch's due
+// items of one exporter and partition travel in one JetStream message
+// (outbox.Batch on outbox.BatchSubject) instead of one message each —
+// fewer messages to store, deliver, acknowledge and remove. Only where it
+// is safe: the subject must be filtered by a partition consumer whose
+// deliverers accept batches (they say so in the consumer's metadata,
+// outbox.MetaBatchMessages). A pool of older deliverers, a pool that
+// filters by tenant (its filter never matches the batch token) or no
+// consumer at all: the items go out one message each, as before.
+
+// batchSubjectsTTL is how long the relay trusts its reading of the
+// stream's consumers before it reads them again; a reading that found no
+// consumer accepting batches is retried after batchSubjectsRetry (a relay
+// started before its deliverers batches once they have attached).
+const (
+	batchSubjectsTTL   = 10 * time.Second
+	batchSubjectsRetry = time.Second
+)
+
+// batchTargets caches which batch subjects have a consumer that accepts
+// batches.
+type batchTargets struct {
+	mu      sync.Mutex
+	read    time.Time
+	filters []string // filter subjects of consumers that accept batches
+}
+
+// accepts reports whether subject is filtered by a consumer that accepts
+// batch messages, reading the stream's consumers when the last reading is
+// older than batchSubjectsTTL. A failed reading keeps the previous one
+// (none at first: no batches) and is returned.
+func (r *Relay) accepts(ctx context.Context, subject string) (bool, error) {
+	t := &r.batchTargets
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var err error
+	now := time.Now() // a local refresh interval; tests move it with the clock's override
+	if o := r.clk.Override(); o != nil {
+		now = *o
+	}
+	ttl := batchSubjectsTTL
+	if len(t.filters) == 0 {
+		ttl = batchSubjectsRetry
+	}
+	if t.read.IsZero() || now.Sub(t.read) >= ttl {
+		t.read = now
+		var fs []string
+		if fs, err = r.batchFilters(ctx); err == nil {
+			t.filters = fs
+		}
+	}
+	for _, f := range t.filters {
+		if outbox.SubjectMatches(f, subject) {
+			return true, err
+		}
+	}
+	return false, err
+}
+
+// batchFilters lists the filter subjects of the stream's consumers that
+// accept batch messages.
+func (r *Relay) batchFilters(ctx context.Context) ([]string, error) {
+	s, err := r.js.Stream(ctx, outbox.StreamName)
+	if err != nil {
+		return nil, fmt.Errorf("relay: read consumers: %w", err)
+	}
+	var fs []string
+	l := s.ListConsumers(ctx)
+	for info := range l.Info() {
+		if info.Config.Metadata[outbox.MetaBatchMessages] != "1" {
+			continue
+		}
+		fs = append(fs, info.Config.FilterSubjects...)
+		if info.Config.FilterSubject != "" {
+			fs = append(fs, info.Config.FilterSubject)
+		}
+	}
+	if err := l.Err(); err != nil {
+		return nil, fmt.Errorf("relay: read consumers: %w", err)
+	}
+	return fs, nil
+}
+
+// unit is one JetStream message to publish and the items it carries.
+type unit struct {
+	msg   *nats.Msg
+	items []claimed
+}
+
+// units returns the messages for items: one per item, or with
+// BatchMessageItems above 1, batch messages of up to that many items for
+// every exporter and partition whose batch subject a batch-accepting
+// consumer filters (in the order of each group's first item; items keep
+// their order inside a batch).
+func (r *Relay) units(ctx context.Context, items []claimed) []unit {
+	parts, db := r.cfg.Stream.Partitions, r.cfg.Stream.Database
+	single := func(it claimed) unit { return unit{msg: it.message(parts, db), items: []claimed{it}} }
+	out := make([]unit, 0, len(items))
+	if r.cfg.BatchMessageItems <= 1 {
+		for _, it := range items {
+			out = append(out, single(it))
+		}
+		return out
+	}
+	type group struct {
+		subject string
+		items   []claimed
+	}
+	var groups []*group
+	bySubject := map[string]*group{}
+	verdict := map[string]bool{}
+	for _, it := range items {
+		subject := outbox.BatchSubject(it.exporter, outbox.Partition(it.lane(), parts))
+		ok, seen := verdict[subject]
+		if !seen {
+			var err error
+			if ok, err = r.accepts(ctx, subject); err != nil {
+				r.log.Warn("relay: cannot read which consumers accept batch messages; publishing one message per item", "err", err)
+			}
+			verdict[subject] = ok
+		}
+		if !ok {
+			out = append(out, single(it))
+			continue
+		}
+		g := bySubject[subject]
+		if g == nil {
+			g = &group{subject: subject}
+			bySubject[subject] = g
+			groups = append(groups, g)
+		}
+		g.items = append(g.items, it)
+	}
+	for _, g := range groups {
+		for start := 0; start < len(g.items); start += r.cfg.BatchMessageItems {
+			chunk := g.items[start:min(start+r.cfg.BatchMessageItems, len(g.items))]
+			if len(chunk) == 1 {
+				out = append(out, single(chunk[0]))
+				continue
+			}
+			out = append(out, unit{msg: batchMessage(g.subject, chunk, parts, db), items: chunk})
+		}
+	}
+	return out
+}
+
+// batchMessage builds the batch message of items on subject: each entry
+// the subject and body the item's own message would have, Nats-Msg-Id
+// outbox.BatchMsgID, the outbox database and Nats-Expected-Stream as on
+// every message, and outbox.HeaderBatch with the item count.
+func batchMessage(subject string, items []claimed, parts int, database string) *nats.Msg {
+	b := outbox.Batch{Items: make([]outbox.BatchEntry, len(items))}
+	for i, it := range items {
+		body := it.body()
+		b.Items[i] = outbox.BatchEntry{Subject: outbox.PartitionSubject(it.exporter, it.tenant, outbox.Partition(body.Lane, parts)), Message: body}
+	}
+	return &nats.Msg{
+		Subject: subject,
+		Data:    b.Encode(),
+		Header: nats.Header{
+			jetstream.MsgIDHeader:          []string{outbox.BatchMsgID(b)},
+			jetstream.ExpectedStreamHeader: []string{outbox.StreamName},
+			outbox.HeaderDatabase:          []string{database},
+			outbox.HeaderBatch:             []string{fmt.Sprint(len(items))},
+		},
+	}
+}
