@@ -59,6 +59,9 @@ type Options struct {
 	PinnedTTLSeconds int
 	// Partitions of AURORA_OUTBOX (AURORA_OUTBOX_PARTITIONS).
 	Partitions int
+	// RelayBatchMessageItems: the relays' AURORA_RELAY_BATCH_MESSAGE_ITEMS
+	// (0 = the relay's default, one message per item).
+	RelayBatchMessageItems int
 	// NATSNodes: nats-server processes, clustered when more than one;
 	// AURORA_OUTBOX and AURORA_EVENTS get that many replicas (1 or 3).
 	NATSNodes int
@@ -507,6 +510,9 @@ func (r *run) startServices(ctx context.Context) error {
 			"AURORA_OUTBOX_STREAM_REPLICAS=" + strconv.Itoa(r.o.NATSNodes), "AURORA_EVENTS_STREAM_REPLICAS=" + strconv.Itoa(r.o.NATSNodes)}
 		if n := r.o.EventsDispatchMaxAttempts; n > 0 {
 			kv = append(kv, "AURORA_EVENTS_DISPATCH_MAX_ATTEMPTS="+strconv.Itoa(n))
+		}
+		if n := r.o.RelayBatchMessageItems; n > 0 {
+			kv = append(kv, "AURORA_RELAY_BATCH_MESSAGE_ITEMS="+strconv.Itoa(n))
 		}
 		p := &proc{name: fmt.Sprintf("relay-%d", i), supervise: true, bin: r.o.Bin.Aurora, dir: r.dir, args: []string{"relay"}, env: env(kv...)}
 		if err := p.start(); err != nil {

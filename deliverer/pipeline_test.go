@@ -58,8 +58,8 @@ func TestPipelineWithRelay(t *testing.T) {
 // TestRelayBatchMessagesDelivered: a relay with
 // AURORA_RELAY_BATCH_MESSAGE_ITEMS at 50 and this build's deliverers (their
 // partition consumers accept batches): items of several tenants travel in
-// batch messages and every one is accepted and applied once, the stream
-// drained.
+// batch messages (at most one item of a lane each) and every one is
+// accepted and applied once, the stream drained.
 func TestRelayBatchMessagesDelivered(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, stripeemulator.Faults{})
@@ -73,11 +73,14 @@ func TestRelayBatchMessagesDelivered(t *testing.T) {
 		}
 		return true
 	})
-	h.addTenant("org_2", "cus_2")
-	h.addTenant("org_3", "cus_3")
+	// 20 lanes (a customer each) over 16 partitions: some partition holds
+	// two, so some message is a batch (one item of a lane per message).
+	for i := range 20 {
+		h.addTenant(fmt.Sprintf("org_rb%d", i), fmt.Sprintf("cus_rb%d", i))
+	}
 	var rows []outbox.Row
-	for i := range 30 {
-		rows = append(rows, h.stage(h.item(fmt.Sprintf("org_%d", i%3+1), fmt.Sprintf("event:rb%d", i), 1)))
+	for i := range 40 {
+		rows = append(rows, h.stage(h.item(fmt.Sprintf("org_rb%d", i%20), fmt.Sprintf("event:rb%d", i), 1)))
 	}
 	reg := prometheus.NewRegistry()
 	rc := relay.DefaultConfig()

@@ -47,12 +47,6 @@ import (
 	"github.com/stripe/stripe-go/v76/client"
 )
 
-// DefaultRelayBatchMessageItems is the demo relay's batch message size:
-// its deliverers are this build, which accepts batch messages, so it need
-// not wait for older ones the way a deployment's relay does (its default
-// is 1).
-const DefaultRelayBatchMessageItems = 100
-
 // Options configure one demo run.
 type Options struct {
 	DatabaseURL string // server to create the demo database on (AURORA_DATABASE_URL)
@@ -85,8 +79,8 @@ type Options struct {
 	GenRequests  int
 	Outbox       config.Outbox
 	// RelayBatchMessageItems: the most items the relay puts in one
-	// JetStream message (AURORA_RELAY_BATCH_MESSAGE_ITEMS; 1 = one message
-	// per item; 0 = DefaultRelayBatchMessageItems).
+	// JetStream message (AURORA_RELAY_BATCH_MESSAGE_ITEMS; 0 or 1 = one
+	// message per item).
 	RelayBatchMessageItems int
 	// Period is the usage period items are counted in (AURORA_USAGE_PERIOD;
 	// "" = usage.PeriodDay).
@@ -330,8 +324,9 @@ func run(ctx context.Context, o Options) (*Summary, error) {
 	}
 	rcfg.Outbox = o.Outbox
 	rcfg.PollMS = 200
-	// The demo's deliverers are this build, which accepts batch messages.
-	rcfg.BatchMessageItems = cmp.Or(o.RelayBatchMessageItems, DefaultRelayBatchMessageItems)
+	// Batch messages only when asked (AURORA_RELAY_BATCH_MESSAGE_ITEMS):
+	// the demo runs what a deployment should (docs/relay.md says why 1).
+	rcfg.BatchMessageItems = max(o.RelayBatchMessageItems, 1)
 	if _, err := relay.EnsureStream(ctx, js, rcfg.Stream); err != nil {
 		return nil, err
 	}

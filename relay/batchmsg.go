@@ -145,14 +145,43 @@ func (r *Relay) units(ctx context.Context, items []claimed) []unit {
 		g.items = append(g.items, it)
 	}
 	for _, g := range groups {
-		for start := 0; start < len(g.items); start += r.cfg.BatchMessageItems {
-			chunk := g.items[start:min(start+r.cfg.BatchMessageItems, len(g.items))]
+		for _, chunk := range chunks(g.items, r.cfg.BatchMessageItems) {
 			if len(chunk) == 1 {
 				out = append(out, single(chunk[0]))
 				continue
 			}
 			out = append(out, unit{msg: batchMessage(g.subject, chunk, parts, db), items: chunk})
 		}
+	}
+	return out
+}
+
+// chunks splits one partition's items into batches of at most size items
+// and **at most one item of a lane each**, in order: each item goes to the
+// first batch with room and none of its lane. A lane then gets no more
+// items per message than with one message per item, so the deliverer's
+// flow control (a pull, the ack-pending window and a lane's share, all
+// counted in messages) still paces a hot lane: with whole runs of a hot
+// lane in one message, its lane overflowed its share and deferred items
+// back to the relay — the kill trial's staged → accepted p50 went from
+// 8.5 s to 55.7 s before this rule (BENCHMARKS.md).
+func chunks(items []claimed, size int) [][]claimed {
+	var out [][]claimed
+	var lanes []map[string]bool
+	for _, it := range items {
+		lane := it.lane()
+		i := 0
+		for ; i < len(out); i++ {
+			if len(out[i]) < size && !lanes[i][lane] {
+				break
+			}
+		}
+		if i == len(out) {
+			out = append(out, nil)
+			lanes = append(lanes, map[string]bool{})
+		}
+		out[i] = append(out[i], it)
+		lanes[i][lane] = true
 	}
 	return out
 }

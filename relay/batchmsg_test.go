@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -59,6 +60,36 @@ func batchedMsgs(t *testing.T, js jetstream.JetStream) (subjects []string, items
 	return subjects, items
 }
 
+// batchLanes counts the distinct lanes of the i-th message after the
+// first 12 (0 when it is not a batch).
+func batchLanes(t *testing.T, js jetstream.JetStream, subject string, i int) int {
+	t.Helper()
+	if !isBatchSubject(subject) {
+		return 0
+	}
+	s, err := js.Stream(context.Background(), outbox.StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetMsg(context.Background(), info.State.FirstSeq+12+uint64(i))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := outbox.DecodeBatch(m.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lanes := map[string]bool{}
+	for _, e := range b.Items {
+		lanes[e.Lane] = true
+	}
+	return len(lanes)
+}
+
 // TestBatchMessagesOnlyWhereAConsumerAcceptsThem: with
 // AURORA_RELAY_BATCH_MESSAGE_ITEMS at 10, items go out one message each
 // while no consumer says its deliverers accept batches, and in batch
@@ -104,14 +135,21 @@ func TestBatchMessagesOnlyWhereAConsumerAcceptsThem(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.Advance(batchSubjectsTTL + time.Second)
-	second := stageTogether(t, pool, items("org_1", 100, 25)...) // one commit: the relay takes them in one batch
-	eventually(t, "37 published", func() (bool, error) { n, err := publishedCount(ctx, pool); return n == 37, err })
+	var many []outbox.Item // 40 lanes (a lane per tenant here) over 16 partitions
+	for i := range 40 {
+		many = append(many, item(fmt.Sprintf("org_b%d", i), 100+i))
+	}
+	second := stageTogether(t, pool, many...) // one commit: the relay takes them in one batch
+	eventually(t, "52 published", func() (bool, error) { n, err := publishedCount(ctx, pool); return n == 52, err })
 	subjects, carried = batchedMsgs(t, js)
 	subjects, carried = subjects[12:], carried[12:]
 	seen := map[int64]int{}
 	for i, ids := range carried {
 		if len(ids) > 10 {
 			t.Fatalf("message %d carries %d items, more than 10", i, len(ids))
+		}
+		if lanes := batchLanes(t, js, subjects[i], i); len(ids) > 1 && lanes != len(ids) {
+			t.Fatalf("message %d carries %d items of %d lanes: at most one item of a lane a message", i, len(ids), lanes)
 		}
 		if len(ids) > 1 && !isBatchSubject(subjects[i]) {
 			t.Fatalf("batch on %q", subjects[i])
@@ -120,16 +158,17 @@ func TestBatchMessagesOnlyWhereAConsumerAcceptsThem(t *testing.T) {
 			seen[id]++
 		}
 	}
-	// One take holds all 25 (10, 10, 5); concurrent workers may split the
-	// take, but never into single messages only.
+	// 40 items in 16 partitions: some partition holds two lanes or more,
+	// so some message is a batch (concurrent workers may split the take,
+	// never into single messages only).
 	batches := 0
 	for _, ids := range carried {
 		if len(ids) > 1 {
 			batches++
 		}
 	}
-	if batches == 0 || len(carried) >= 25 {
-		t.Fatalf("%d messages, %d of them batches, for 25 items of one lane committed together", len(carried), batches)
+	if batches == 0 || len(carried) >= 40 {
+		t.Fatalf("%d messages, %d of them batches, for 40 items committed together", len(carried), batches)
 	}
 	for _, id := range second {
 		if seen[id] != 1 {
@@ -165,4 +204,46 @@ func stageTogether(t *testing.T, pool *pgxpool.Pool, items ...outbox.Item) []int
 		t.Fatal(err)
 	}
 	return ids
+}
+
+// TestChunksHoldOneItemOfALane: each batch at most size items and at most
+// one item of a lane; items keep their order; nothing lost.
+func TestChunksHoldOneItemOfALane(t *testing.T) {
+	t.Parallel()
+	mk := func(lanes ...string) []claimed {
+		out := make([]claimed, len(lanes))
+		for i, l := range lanes {
+			// UnmappedLane of (account, tenant, feature): one lane per tenant here.
+			out[i] = claimed{id: int64(i + 1), tenant: l, account: "acct_1", feature: "f"}
+		}
+		return out
+	}
+	ids := func(cs [][]claimed) [][]int64 {
+		var out [][]int64
+		for _, c := range cs {
+			var row []int64
+			for _, it := range c {
+				row = append(row, it.id)
+			}
+			out = append(out, row)
+		}
+		return out
+	}
+	cases := []struct {
+		name  string
+		lanes []string
+		size  int
+		want  string
+	}{
+		{"distinct lanes fill batches", []string{"a", "b", "c", "d", "e"}, 2, "[[1 2] [3 4] [5]]"},
+		{"one hot lane: one item a message", []string{"a", "a", "a"}, 10, "[[1] [2] [3]]"},
+		{"mixed", []string{"a", "a", "b", "c", "a"}, 2, "[[1 3] [2 4] [5]]"},
+		{"hot and cold", []string{"h", "h", "c1", "h", "c2", "c3"}, 10, "[[1 3 5 6] [2] [4]]"},
+		{"size one", []string{"a", "b"}, 1, "[[1] [2]]"},
+	}
+	for _, c := range cases {
+		if got := fmt.Sprint(ids(chunks(mk(c.lanes...), c.size))); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
 }

@@ -71,7 +71,9 @@ type Config struct {
 	// (outbox.Batch on outbox.BatchSubject) of up to this many items — but
 	// only to a subject a partition consumer whose deliverers accept
 	// batches filters (outbox.MetaBatchMessages, re-read every
-	// batchSubjectsTTL); every other item is still published alone.
+	// batchSubjectsTTL), at most one item of a lane a message; every other
+	// item is still published alone. It helps load spread over many lanes
+	// and hurts a few hot ones under faults (docs/relay.md has the figures).
 	// AURORA_RELAY_BATCH_MESSAGE_ITEMS, default 1, 1..1000.
 	BatchMessageItems int `env:"RELAY_BATCH_MESSAGE_ITEMS" envDefault:"1"`
 	// Stream configures the AURORA_OUTBOX stream.

@@ -39,10 +39,8 @@ type demoConfig struct {
 	deliverer.Config
 	config.Export
 	Stream relay.StreamConfig
-	// BatchMessageItems: the relay's AURORA_RELAY_BATCH_MESSAGE_ITEMS; unset
-	// (0), the demo's demo.DefaultRelayBatchMessageItems (its deliverers
-	// are this build, which accepts batches).
-	BatchMessageItems int    `env:"RELAY_BATCH_MESSAGE_ITEMS"`
+	// BatchMessageItems: the relay's AURORA_RELAY_BATCH_MESSAGE_ITEMS.
+	BatchMessageItems int    `env:"RELAY_BATCH_MESSAGE_ITEMS" envDefault:"1"`
 	NATSURL           string `env:"NATS_URL"`
 	StripeKey         string `env:"STRIPE_API_KEY"`
 	StripeBase        string `env:"STRIPE_API_BASE"`
@@ -54,7 +52,7 @@ func (c *demoConfig) Validate() error {
 		nats = config.NATS{URL: c.NATSURL}.Validate()
 	}
 	return errors.Join(c.Database.Validate(), c.Config.Validate(), c.Export.Validate(), c.Stream.Validate(), nats,
-		config.IntRange("RELAY_BATCH_MESSAGE_ITEMS", c.BatchMessageItems, 0, 1000, "items (0 or unset: the demo's 100)"))
+		config.IntRange("RELAY_BATCH_MESSAGE_ITEMS", c.BatchMessageItems, 1, 1000, "items"))
 }
 
 // demoGCPercent is the demo process's GOGC when the environment sets none.
@@ -77,9 +75,7 @@ and several deliverers. Usage comes from --input (an Apache/nginx access log or 
 deterministic generator. Prints a summary, or JSON with --json; logs go to stderr.
 
 The demo shortens retry backoff to base 1 s, cap 10 s (a base set above 10 s is its own cap),
-publishes batch messages of up to 100 items unless AURORA_RELAY_BATCH_MESSAGE_ITEMS is set (its
-deliverers accept them), and runs the Go garbage collector at GOGC=400 unless GOGC is set (see
-BENCHMARKS.md).`,
+and runs the Go garbage collector at GOGC=400 unless GOGC is set (see BENCHMARKS.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var cfg demoConfig

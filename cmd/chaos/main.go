@@ -46,6 +46,7 @@ func run(ctx context.Context, args []string) int {
 	dir := fs.String("dir", "", "work directory for logs and data (default: a temporary one, removed after a green run)")
 	keep := fs.Bool("keep", false, "keep the work directory after a green run")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	batchItems := fs.Int("relay-batch-message-items", 0, "the relays' AURORA_RELAY_BATCH_MESSAGE_ITEMS, 1..1000 (0 = the relay's default: one message per item)")
 	natsNodes := fs.Int("nats-nodes", 0, "nats-server nodes: 1, or 3 (a cluster, streams at 3 replicas, the stream leader and followers killed too); 0 = the mode's")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -80,6 +81,15 @@ func run(ctx context.Context, args []string) int {
 		o.NATSNodes = *natsNodes
 	default:
 		fmt.Fprintf(os.Stderr, "chaos: --nats-nodes must be 1 or 3, got %d\n", *natsNodes)
+		return 2
+	}
+	switch n := *batchItems; {
+	case n == 0:
+	case n >= 1 && n <= 1000:
+		o.RelayBatchMessageItems = n
+		cmd = append(cmd, "--relay-batch-message-items", fmt.Sprint(n))
+	default:
+		fmt.Fprintf(os.Stderr, "chaos: --relay-batch-message-items must be 1..1000, got %d\n", n)
 		return 2
 	}
 	if *src != "" {
