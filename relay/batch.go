@@ -406,6 +406,9 @@ func (r *Relay) publish(ctx context.Context, items []claimed) ([]claimed, error)
 			firstErr = err
 		}
 	}
+	// The messages first: reading which consumers accept batches (at most
+	// every few seconds) must not eat the PubAck wait.
+	units := r.units(ctx, items)
 	timer := time.NewTimer(r.cfg.publishTimeout())
 	defer timer.Stop()
 	expired := false
@@ -441,7 +444,7 @@ func (r *Relay) publish(ctx context.Context, items []claimed) ([]claimed, error)
 		}
 	}
 
-	for _, u := range r.units(ctx, items) {
+	for _, u := range units {
 		// Take an in-flight slot. While none is free, settle our own oldest
 		// future first (so two workers never wait on each other), then wait
 		// for a peer to free one.

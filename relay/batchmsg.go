@@ -15,11 +15,13 @@ import (
 // items of one exporter and partition travel in one JetStream message
 // (outbox.Batch on outbox.BatchSubject) instead of one message each —
 // fewer messages to store, deliver, acknowledge and remove. Only where it
-// is safe: the subject must be filtered by a partition consumer whose
-// deliverers accept batches (they say so in the consumer's metadata,
-// outbox.MetaBatchMessages). A pool of older deliverers, a pool that
-// filters by tenant (its filter never matches the batch token) or no
-// consumer at all: the items go out one message each, as before.
+// is safe: an item goes into a batch only when one partition consumer
+// whose deliverers accept batches (they say so in the consumer's metadata,
+// outbox.MetaBatchMessages) filters both the batch subject and the item's
+// own subject, so the batch reaches the pool the item's own message would
+// have. A pool of older deliverers, a tenant's own pool (its filter never
+// matches the batch token) or no consumer at all: the item goes out alone,
+// as before.
 
 // batchSubjectsTTL is how long the relay trusts its reading of the
 // stream's consumers before it reads them again; a reading that found no
@@ -30,19 +32,19 @@ const (
 	batchSubjectsRetry = time.Second
 )
 
-// batchTargets caches which batch subjects have a consumer that accepts
-// batches.
+// batchTargets caches the filters of the consumers that accept batches.
 type batchTargets struct {
 	mu      sync.Mutex
 	read    time.Time
-	filters []string // filter subjects of consumers that accept batches
+	filters [][]string // per consumer that accepts batches, its filter subjects
 }
 
-// accepts reports whether subject is filtered by a consumer that accepts
-// batch messages, reading the stream's consumers when the last reading is
-// older than batchSubjectsTTL. A failed reading keeps the previous one
-// (none at first: no batches) and is returned.
-func (r *Relay) accepts(ctx context.Context, subject string) (bool, error) {
+// accepts reports whether one consumer that accepts batch messages filters
+// both batchSubject and itemSubject (the item's own message's subject),
+// reading the stream's consumers when the last reading is older than
+// batchSubjectsTTL. A failed reading keeps the previous one (none at
+// first: no batches) and is returned.
+func (r *Relay) accepts(ctx context.Context, batchSubject, itemSubject string) (bool, error) {
 	t := &r.batchTargets
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -57,41 +59,51 @@ func (r *Relay) accepts(ctx context.Context, subject string) (bool, error) {
 	}
 	if t.read.IsZero() || now.Sub(t.read) >= ttl {
 		t.read = now
-		var fs []string
+		var fs [][]string
 		if fs, err = r.batchFilters(ctx); err == nil {
 			t.filters = fs
 		}
 	}
-	for _, f := range t.filters {
-		if outbox.SubjectMatches(f, subject) {
+	for _, fs := range t.filters {
+		if matchesAny(fs, batchSubject) && matchesAny(fs, itemSubject) {
 			return true, err
 		}
 	}
 	return false, err
 }
 
-// batchFilters lists the filter subjects of the stream's consumers that
-// accept batch messages.
-func (r *Relay) batchFilters(ctx context.Context) ([]string, error) {
+func matchesAny(filters []string, subject string) bool {
+	for _, f := range filters {
+		if outbox.SubjectMatches(f, subject) {
+			return true
+		}
+	}
+	return false
+}
+
+// batchFilters lists the filter subjects of each of the stream's consumers
+// that accept batch messages.
+func (r *Relay) batchFilters(ctx context.Context) ([][]string, error) {
 	s, err := r.js.Stream(ctx, outbox.StreamName)
 	if err != nil {
 		return nil, fmt.Errorf("relay: read consumers: %w", err)
 	}
-	var fs []string
+	var out [][]string
 	l := s.ListConsumers(ctx)
 	for info := range l.Info() {
 		if info.Config.Metadata[outbox.MetaBatchMessages] != "1" {
 			continue
 		}
-		fs = append(fs, info.Config.FilterSubjects...)
+		fs := append([]string(nil), info.Config.FilterSubjects...)
 		if info.Config.FilterSubject != "" {
 			fs = append(fs, info.Config.FilterSubject)
 		}
+		out = append(out, fs)
 	}
 	if err := l.Err(); err != nil {
 		return nil, fmt.Errorf("relay: read consumers: %w", err)
 	}
-	return fs, nil
+	return out, nil
 }
 
 // unit is one JetStream message to publish and the items it carries.
@@ -101,10 +113,10 @@ type unit struct {
 }
 
 // units returns the messages for items: one per item, or with
-// BatchMessageItems above 1, batch messages of up to that many items for
-// every exporter and partition whose batch subject a batch-accepting
-// consumer filters (in the order of each group's first item; items keep
-// their order inside a batch).
+// BatchMessageItems above 1, batch messages of up to that many items (at
+// most one of a lane: chunks) for the items whose batch subject and own
+// subject one batch-accepting consumer filters (in the order of each
+// group's first item; items keep their order inside a batch).
 func (r *Relay) units(ctx context.Context, items []claimed) []unit {
 	parts, db := r.cfg.Stream.Partitions, r.cfg.Stream.Database
 	single := func(it claimed) unit { return unit{msg: it.message(parts, db), items: []claimed{it}} }
@@ -121,16 +133,18 @@ func (r *Relay) units(ctx context.Context, items []claimed) []unit {
 	}
 	var groups []*group
 	bySubject := map[string]*group{}
-	verdict := map[string]bool{}
+	verdict := map[[2]string]bool{}
 	for _, it := range items {
-		subject := outbox.BatchSubject(it.exporter, outbox.Partition(it.lane(), parts))
-		ok, seen := verdict[subject]
+		p := outbox.Partition(it.lane(), parts)
+		subject := outbox.BatchSubject(it.exporter, p)
+		key := [2]string{subject, outbox.PartitionSubject(it.exporter, it.tenant, p)}
+		ok, seen := verdict[key]
 		if !seen {
 			var err error
-			if ok, err = r.accepts(ctx, subject); err != nil {
-				r.log.Warn("relay: cannot read which consumers accept batch messages; publishing one message per item", "err", err)
+			if ok, err = r.accepts(ctx, key[0], key[1]); err != nil {
+				r.log.Warn("relay: cannot read which consumers accept batch messages; going by the last reading", "err", err)
 			}
-			verdict[subject] = ok
+			verdict[key] = ok
 		}
 		if !ok {
 			out = append(out, single(it))

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -245,5 +246,70 @@ func TestChunksHoldOneItemOfALane(t *testing.T) {
 		if got := fmt.Sprint(ids(chunks(mk(c.lanes...), c.size))); got != c.want {
 			t.Errorf("%s: %s, want %s", c.name, got, c.want)
 		}
+	}
+}
+
+// TestBatchesStayInTheItemsPool: a tenant with a pool of its own (its
+// consumer filters aurora.outbox.<exporter>.org_t.>) beside a default pool
+// that lists its tenants and the batch token: the default pool's items
+// travel in batches, the tenant's items never — one message each on the
+// tenant's own subject — though both pools accept batches.
+func TestBatchesStayInTheItemsPool(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := natstest.New(t)
+	pool := newPool(t)
+	_, js := connect(t, srv)
+	cfg := testConfig()
+	cfg.BatchMessageItems = 50
+	if _, err := EnsureStream(ctx, js, cfg.Stream); err != nil {
+		t.Fatal(err)
+	}
+	exp := outbox.TenantToken(outbox.DefaultExporter)
+	meta := map[string]string{outbox.MetaBatchMessages: "1"}
+	if _, err := js.CreateOrUpdateConsumer(ctx, outbox.StreamName, jetstream.ConsumerConfig{
+		Durable: "tenant-pool", AckPolicy: jetstream.AckExplicitPolicy, Metadata: meta,
+		FilterSubject: outbox.SubjectPrefix + "." + exp + ".org_t.>",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defaults := []string{outbox.SubjectPrefix + "." + exp + "." + outbox.BatchToken + ".>"}
+	for i := range 30 {
+		defaults = append(defaults, outbox.SubjectPrefix+"."+exp+fmt.Sprintf(".org_d%d.>", i))
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, outbox.StreamName, jetstream.ConsumerConfig{
+		Durable: "default-pool", AckPolicy: jetstream.AckExplicitPolicy, Metadata: meta, FilterSubjects: defaults,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var all []outbox.Item
+	for i := range 30 {
+		all = append(all, item(fmt.Sprintf("org_d%d", i), i))
+	}
+	all = append(all, items("org_t", 100, 20)...)
+	stageTogether(t, pool, all...)
+	start(t, pool, js, cfg)
+	eventually(t, "50 published", func() (bool, error) { n, err := publishedCount(ctx, pool); return n == 50, err })
+
+	subjects, carried := batchedMsgs(t, js)
+	tenantSubject := outbox.Subject(outbox.DefaultExporter, "org_t") + "."
+	batches, tenantSingles := 0, 0
+	for i, s := range subjects {
+		if isBatchSubject(s) {
+			batches++
+			continue
+		}
+		if len(carried[i]) != 1 {
+			t.Fatalf("message on %s carries %v", s, carried[i])
+		}
+		if strings.HasPrefix(s, tenantSubject) {
+			tenantSingles++
+		}
+	}
+	if tenantSingles != 20 {
+		t.Fatalf("%d of the tenant pool's 20 items went out alone on its subject; the rest rode in batches", tenantSingles)
+	}
+	if batches == 0 {
+		t.Fatal("no batch for the default pool's 30 items")
 	}
 }

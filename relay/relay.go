@@ -210,7 +210,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	r.log.Info("relay: running", "workers", r.cfg.Workers, "batch_size", r.cfg.Outbox.BatchSize,
+	r.log.Info("relay: running", "workers", r.cfg.Workers, "batch_size", r.cfg.Outbox.BatchSize, "batch_message_items", r.cfg.BatchMessageItems,
 		"max_inflight", r.cfg.MaxInflight, "poll_ms", r.cfg.PollMS, "redispatch_seconds", r.cfg.RedispatchSeconds)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { r.listen(gctx); return nil })
