@@ -111,19 +111,20 @@ func (m *itemMsg) settle(redeliver bool, delay time.Duration) error {
 	return err
 }
 
-// splitBatch returns the item messages of a batch message and how many of
+// splitBatch returns the item messages of a batch message, how many of
 // its entries were bad (outbox.BatchEntry.Validate refused them; they are
-// settled as terminated, so they never hold the batch back). ok is false
-// when msg is not a batch message. A body that is not a batch at all is
-// returned as (nil, 0, true): the caller terminates msg.
-func splitBatch(msg jetstream.Msg) (items []jetstream.Msg, bad int, ok bool) {
+// settled as terminated, so they never hold the batch back) and the first
+// refusal (outbox.ErrBadMessage wrapped; it names no field value). ok is
+// false when msg is not a batch message. A body that is not a batch at all
+// is returned as (nil, 0, its error, true): the caller terminates msg.
+func splitBatch(msg jetstream.Msg) (items []jetstream.Msg, bad int, why error, ok bool) {
 	h := msg.Headers()
 	if h.Get(outbox.HeaderBatch) == "" {
-		return nil, 0, false
+		return nil, 0, nil, false
 	}
 	b, err := outbox.DecodeBatch(msg.Data())
 	if err != nil {
-		return nil, 0, true
+		return nil, 0, err, true
 	}
 	header := make(nats.Header, len(h))
 	for k, v := range h {
@@ -135,12 +136,15 @@ func splitBatch(msg jetstream.Msg) (items []jetstream.Msg, bad int, ok bool) {
 	items = make([]jetstream.Msg, 0, len(b.Items))
 	for _, e := range b.Items {
 		im := &itemMsg{batch: parent, subject: e.Subject, data: e.Message.Encode(), header: header}
-		if e.Validate() != nil {
+		if err := e.Validate(); err != nil {
 			bad++
+			if why == nil {
+				why = err
+			}
 			_ = im.Term()
 			continue
 		}
 		items = append(items, im)
 	}
-	return items, bad, true
+	return items, bad, why, true
 }

@@ -88,8 +88,8 @@ func TestBatchMessageSettlement(t *testing.T) {
 				es[i] = entry(int64(i + 1))
 			}
 			parent := batchOf(es...)
-			items, bad, ok := splitBatch(parent)
-			if !ok || bad != 0 || len(items) != len(c.ops) {
+			items, bad, why, ok := splitBatch(parent)
+			if !ok || bad != 0 || why != nil || len(items) != len(c.ops) {
 				t.Fatalf("split: %d items, %d bad, ok %v", len(items), bad, ok)
 			}
 			for i, o := range c.ops {
@@ -125,9 +125,9 @@ func TestSplitBatch(t *testing.T) {
 	badKey := entry(8)
 	badKey.Key = "short"
 	parent := batchOf(good, badKey)
-	items, bad, ok := splitBatch(parent)
-	if !ok || bad != 1 || len(items) != 1 {
-		t.Fatalf("split: %d items, %d bad, ok %v", len(items), bad, ok)
+	items, bad, why, ok := splitBatch(parent)
+	if !ok || bad != 1 || len(items) != 1 || !errors.Is(why, outbox.ErrBadMessage) {
+		t.Fatalf("split: %d items, %d bad, %v, ok %v", len(items), bad, why, ok)
 	}
 	m, err := outbox.DecodeMessage(items[0].Data())
 	if err != nil || m != good.Message || items[0].Subject() != good.Subject {
@@ -145,15 +145,15 @@ func TestSplitBatch(t *testing.T) {
 	}
 
 	allBad := batchOf(badKey, badKey)
-	if items, bad, ok := splitBatch(allBad); !ok || bad != 2 || len(items) != 0 || len(allBad.settled) != 1 || allBad.settled[0] != "ack" {
+	if items, bad, _, ok := splitBatch(allBad); !ok || bad != 2 || len(items) != 0 || len(allBad.settled) != 1 || allBad.settled[0] != "ack" {
 		t.Fatalf("all bad: %d items, %d bad, ok %v, settled %v", len(items), bad, ok, allBad.settled)
 	}
 	notBatch := &recordedMsg{header: nats.Header{outbox.HeaderBatch: []string{"1"}}, data: []byte(`{"item_id":1}`)}
-	if items, bad, ok := splitBatch(notBatch); !ok || items != nil || bad != 0 {
-		t.Fatalf("undecodable batch: %v %d %v", items, bad, ok)
+	if items, bad, why, ok := splitBatch(notBatch); !ok || items != nil || bad != 0 || !errors.Is(why, outbox.ErrBadMessage) {
+		t.Fatalf("undecodable batch: %v %d %v %v", items, bad, why, ok)
 	}
 	plain := &recordedMsg{header: nats.Header{}, data: good.Message.Encode()}
-	if _, _, ok := splitBatch(plain); ok {
+	if _, _, _, ok := splitBatch(plain); ok {
 		t.Fatal("a message without the batch header was split")
 	}
 }

@@ -449,16 +449,16 @@ func (d *Deliverer) onMessage(work context.Context, p *partition, msg jetstream.
 		_ = msg.NakWithDelay(max(d.s.ackWait, 30*time.Second))
 		return
 	}
-	if items, bad, ok := splitBatch(msg); ok { // batchmsg.go
+	if items, bad, why, ok := splitBatch(msg); ok { // batchmsg.go
 		if items == nil && bad == 0 {
 			d.m.skips.WithLabelValues("bad_message").Inc()
-			d.log.Error("deliverer: bad batch message terminated", "subject", msg.Subject())
+			d.log.Error("deliverer: bad batch message terminated", "subject", msg.Subject(), "err", why)
 			_ = msg.Term()
 			return
 		}
 		if bad > 0 {
 			d.m.skips.WithLabelValues("bad_message").Add(float64(bad))
-			d.log.Error("deliverer: bad entries of a batch message terminated", "subject", msg.Subject(), "entries", bad)
+			d.log.Error("deliverer: bad entries of a batch message terminated", "subject", msg.Subject(), "entries", bad, "err", why)
 		}
 		for _, it := range items {
 			d.onMessage(work, p, it)
