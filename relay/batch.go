@@ -159,9 +159,8 @@ func (c claimed) lane() string {
 // message alone), and Nats-Expected-Stream so a stray stream capturing the
 // subject is refused rather than fed.
 func (c claimed) message(partitions int, database string) *nats.Msg {
-	lane := c.lane()
 	return &nats.Msg{
-		Subject: outbox.PartitionSubject(c.exporter, c.tenant, outbox.Partition(lane, partitions)),
+		Subject: c.subject(partitions),
 		Data:    c.body().Encode(),
 		Header: nats.Header{
 			jetstream.MsgIDHeader:          []string{outbox.MsgID(c.key, c.dispatch)},
@@ -169,6 +168,12 @@ func (c claimed) message(partitions int, database string) *nats.Msg {
 			outbox.HeaderDatabase:          []string{database},
 		},
 	}
+}
+
+// subject is the row's own message subject:
+// aurora.outbox.<exporter>.<tenant-token>.<partition of its lane>.
+func (c claimed) subject(partitions int) string {
+	return outbox.PartitionSubject(c.exporter, c.tenant, outbox.Partition(c.lane(), partitions))
 }
 
 // body is the row's outbox.Message (feature and lane as routing hints).

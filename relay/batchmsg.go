@@ -135,9 +135,8 @@ func (r *Relay) units(ctx context.Context, items []claimed) []unit {
 	bySubject := map[string]*group{}
 	verdict := map[[2]string]bool{}
 	for _, it := range items {
-		p := outbox.Partition(it.lane(), parts)
-		subject := outbox.BatchSubject(it.exporter, p)
-		key := [2]string{subject, outbox.PartitionSubject(it.exporter, it.tenant, p)}
+		subject := outbox.BatchSubject(it.exporter, outbox.Partition(it.lane(), parts))
+		key := [2]string{subject, it.subject(parts)}
 		ok, seen := verdict[key]
 		if !seen {
 			var err error
@@ -207,8 +206,7 @@ func chunks(items []claimed, size int) [][]claimed {
 func batchMessage(subject string, items []claimed, parts int, database string) *nats.Msg {
 	b := outbox.Batch{Items: make([]outbox.BatchEntry, len(items))}
 	for i, it := range items {
-		body := it.body()
-		b.Items[i] = outbox.BatchEntry{Subject: outbox.PartitionSubject(it.exporter, it.tenant, outbox.Partition(body.Lane, parts)), Message: body}
+		b.Items[i] = outbox.BatchEntry{Subject: it.subject(parts), Message: it.body()}
 	}
 	return &nats.Msg{
 		Subject: subject,
