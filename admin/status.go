@@ -222,7 +222,7 @@ const (
 
 // psqlOldestOpen lists the oldest items a deliverer still has to move,
 // with why their last attempt failed (no payload, no customer id).
-const psqlOldestOpen = `psql "$AURORA_DATABASE_URL" -c "SELECT id, state, attempts, next_attempt_at, lease_expires_at, last_error FROM outbox_items WHERE state IN ('pending','leased') ORDER BY created_at LIMIT 20"`
+const psqlOldestOpen = `psql "$AURORA_DATABASE_URL" -c "SELECT o.id, o.state, o.attempts, o.next_attempt_at, o.lease_expires_at, o.last_error FROM outbox_undecided u JOIN outbox_items o ON o.id = u.item_id WHERE o.state IN ('pending','leased') ORDER BY u.item_id LIMIT 20"`
 
 func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))

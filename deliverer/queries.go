@@ -594,11 +594,21 @@ func recallItems(ctx context.Context, db DB, p recallParams) (int64, error) {
 // item's tenant, feature, destination account and exporter; pending,
 // unpublished, due later than now; never attempted, so a row waiting out
 // a retry's backoff is not among them. At most @limit rows.
+//
+// A deferred row is unpublished, so it has a row in outbox_publish_queue
+// due at its new due time (migration 00308's trigger queues every new
+// dispatch): the query reads the queue rows due later than now
+// (outbox_publish_queue_due_idx) and looks each item up by id.
+// outbox_items has no index on state (migration 00311: the claim and the
+// outcome stay heap-only updates). A row whose queue row is being re-judged
+// by a relay at that instant may be missed; it stays due at its estimate.
 const adoptQuery = `
 WITH clk AS (SELECT coalesce(@now::timestamptz, now()) AS now),
 me AS (SELECT tenant, feature, destination_account, exporter FROM outbox_items WHERE id = @item)
 SELECT o.id, o.dispatch
-FROM outbox_items o, me, clk
+FROM (SELECT DISTINCT q.item_id, q.dispatch FROM outbox_publish_queue q, clk WHERE q.due_at > clk.now) q
+JOIN outbox_items o ON o.id = q.item_id AND o.dispatch = q.dispatch
+CROSS JOIN me CROSS JOIN clk
 WHERE o.state = 'pending' AND o.published_dispatch < o.dispatch AND o.next_attempt_at > clk.now
   AND o.attempts = 0 AND o.id <> @item
   AND o.tenant = me.tenant AND o.feature = me.feature

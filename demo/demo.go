@@ -706,8 +706,10 @@ func waitDrained(ctx context.Context, pool *pgxpool.Pool, reg prometheus.Gathere
 		if resolved >= staged || time.Since(lastAsked) >= 2*time.Second {
 			lastAsked = time.Now()
 			var open int
-			err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox_items WHERE state = 'pending')
-			        + (SELECT count(*) FROM outbox_items WHERE state = 'leased')`).Scan(&open)
+			// outbox_undecided holds every pending and leased item
+			// (migration 00311); outbox_items has no index on state.
+			err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_undecided u
+			        JOIN outbox_items o ON o.id = u.item_id WHERE o.state IN ('pending', 'leased')`).Scan(&open)
 			if err != nil {
 				return false, err
 			}

@@ -116,17 +116,35 @@ type outboxAgesParams struct {
 	Now *time.Time // nil: the database's now()
 }
 
-// sqlOutboxAges: each ORDER BY … LIMIT 1 is one probe of outbox_items_open_created_idx
-// (migration 00040) or outbox_items_uncertain_idx. States are literals, not
-// parameters, so a cached generic plan still matches the partial indexes.
+// sqlOutboxAges: outbox_items has no index on state (migration 00311: the
+// deliverer's claim and outcome stay heap-only updates), so each age reads
+// an index whose column no claim or outcome moves:
+//   - pending, leased: outbox_undecided (the pending and leased items, plus
+//     those that left since the relay's last trim) in item id order, the
+//     first ageProbe items of the state; ids grow with staging order, and
+//     the oldest created_at among the first ageProbe absorbs staging
+//     transactions that committed out of order.
+//   - accepted: outbox_items_unfinished_created_idx (created_at, items not
+//     yet confirmed, rejected or quarantined), the first accepted one.
+//   - uncertain: outbox_items_uncertain_since_idx, one probe.
 const sqlOutboxAges = `
 SELECT n.now,
-       greatest(0, coalesce(extract(epoch FROM n.now - (SELECT created_at FROM outbox_items WHERE state = 'pending' ORDER BY created_at LIMIT 1)), 0))::float8,
-       greatest(0, coalesce(extract(epoch FROM n.now - (SELECT created_at FROM outbox_items WHERE state = 'leased' ORDER BY created_at LIMIT 1)), 0))::float8,
-       greatest(0, coalesce(extract(epoch FROM n.now - (SELECT created_at FROM outbox_items WHERE state = 'accepted' ORDER BY created_at LIMIT 1)), 0))::float8,
-       greatest(0, coalesce(extract(epoch FROM n.now - (SELECT updated_at FROM outbox_items WHERE state = 'uncertain' ORDER BY updated_at LIMIT 1)), 0))::float8,
+       greatest(0, coalesce(extract(epoch FROM n.now - (SELECT min(p.created_at) FROM (
+           SELECT o.created_at FROM outbox_undecided u JOIN outbox_items o ON o.id = u.item_id
+           WHERE o.state = 'pending' ORDER BY u.item_id LIMIT ` + ageProbe + `) p)), 0))::float8,
+       greatest(0, coalesce(extract(epoch FROM n.now - (SELECT min(p.created_at) FROM (
+           SELECT o.created_at FROM outbox_undecided u JOIN outbox_items o ON o.id = u.item_id
+           WHERE o.state = 'leased' ORDER BY u.item_id LIMIT ` + ageProbe + `) p)), 0))::float8,
+       greatest(0, coalesce(extract(epoch FROM n.now - (SELECT created_at FROM outbox_items
+           WHERE NOT finished AND state = 'accepted' ORDER BY created_at LIMIT 1)), 0))::float8,
+       greatest(0, coalesce(extract(epoch FROM n.now - (SELECT min(uncertain_since) FROM outbox_items
+           WHERE uncertain_since IS NOT NULL)), 0))::float8,
        (SELECT coalesce(max(id), 0) FROM outbox_items)
   FROM (SELECT coalesce(@now::timestamptz, now()) AS now) n`
+
+// ageProbe is how many of the lowest-id pending (or leased) items the age
+// gauges read.
+const ageProbe = "100"
 
 func (r *Reader) outboxAges(ctx context.Context, tx pgx.Tx, s *Snapshot) error {
 	p := outboxAgesParams{Now: r.clk.Override()}
@@ -148,13 +166,18 @@ type countParams struct {
 	Cap int // the most rows one count reads
 }
 
-// sqlOutboxCounts: each count reads at most @cap entries of a partial index
-// (pending_due, leased_expiry, uncertain, quarantined).
+// sqlOutboxCounts: each count reads at most @cap entries of an index no
+// claim or outcome moves (migration 00311): outbox_undecided for pending and
+// leased (joined to the item for its state), outbox_items_uncertain_since_idx,
+// outbox_items_quarantine_reason_idx (the reason is set exactly while an
+// item is quarantined).
 const sqlOutboxCounts = `
-SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox_items WHERE state = 'pending' LIMIT @cap) c),
-       (SELECT count(*) FROM (SELECT 1 FROM outbox_items WHERE state = 'leased' LIMIT @cap) c),
-       (SELECT count(*) FROM (SELECT 1 FROM outbox_items WHERE state = 'uncertain' LIMIT @cap) c),
-       (SELECT count(*) FROM (SELECT 1 FROM outbox_items WHERE state = 'quarantined' LIMIT @cap) c)`
+SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox_undecided u JOIN outbox_items o ON o.id = u.item_id
+                              WHERE o.state = 'pending' LIMIT @cap) c),
+       (SELECT count(*) FROM (SELECT 1 FROM outbox_undecided u JOIN outbox_items o ON o.id = u.item_id
+                              WHERE o.state = 'leased' LIMIT @cap) c),
+       (SELECT count(*) FROM (SELECT 1 FROM outbox_items WHERE uncertain_since IS NOT NULL LIMIT @cap) c),
+       (SELECT count(*) FROM (SELECT 1 FROM outbox_items WHERE quarantine_reason IS NOT NULL LIMIT @cap) c)`
 
 func (r *Reader) outboxCounts(ctx context.Context, tx pgx.Tx, s *Snapshot) error {
 	p := countParams{Cap: r.cfg.CountCap}
@@ -175,17 +198,17 @@ type reasonCountParams struct {
 	Reasons []string // the known reasons; anything else counts as ReasonOther
 }
 
-// sqlOutboxQuarantine: one capped probe of outbox_items_quarantined_idx
-// (quarantine_reason, updated_at) per known reason, and one for the rest.
+// sqlOutboxQuarantine: one capped probe of outbox_items_quarantine_reason_idx
+// (migration 00311) per known reason, and one for the rest.
 const sqlOutboxQuarantine = `
 SELECT r.reason,
        (SELECT count(*) FROM (SELECT 1 FROM outbox_items
-                               WHERE state = 'quarantined' AND quarantine_reason = r.reason LIMIT @cap) c)
+                               WHERE quarantine_reason IS NOT NULL AND quarantine_reason = r.reason LIMIT @cap) c)
   FROM unnest(@reasons::text[]) AS r(reason)
 UNION ALL
 SELECT '` + ReasonOther + `',
        (SELECT count(*) FROM (SELECT 1 FROM outbox_items
-                               WHERE state = 'quarantined' AND quarantine_reason <> ALL(@reasons::text[]) LIMIT @cap) c)`
+                               WHERE quarantine_reason IS NOT NULL AND quarantine_reason <> ALL(@reasons::text[]) LIMIT @cap) c)`
 
 func (r *Reader) outboxQuarantine(ctx context.Context, tx pgx.Tx, s *Snapshot) error {
 	p := reasonCountParams{Cap: r.cfg.CountCap}

@@ -65,9 +65,12 @@ type Status struct {
 // out of order; any other missing migration still refuses to apply (goose's
 // "missing (out-of-order) migration" error), because a schema built in
 // another order may differ from a fresh one.
-var orderIndependent = map[int64]bool{
-	40: true, // 00040_outbox_open_age_idx: an index for the operations gauges
-}
+//
+// 00040_outbox_open_age_idx was on this list until 00311 dropped its index:
+// applied after 00311 it would bring back an index on state, which makes
+// every claim and outcome a non-heap-only update again. A database missing
+// it is now refused like any other.
+var orderIndependent = map[int64]bool{}
 
 func provider(databaseURL string, opts ...goose.ProviderOption) (*goose.Provider, *sql.DB, error) {
 	db, err := sql.Open("pgx", databaseURL)

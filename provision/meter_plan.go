@@ -181,10 +181,16 @@ func planMeter(ctx context.Context, pool *pgxpool.Pool, api *client.API, account
 	if p.Current != nil {
 		curVersion = p.Current.MappingVersion
 	}
+	// Pending and leased items through outbox_undecided, quarantined ones
+	// through their reason's index: outbox_items has no index on state
+	// (migration 00311).
 	err = pool.QueryRow(ctx, `
-		SELECT count(*) FILTER (WHERE state IN ('pending', 'leased') AND mapping_version = $3),
-		       count(*) FILTER (WHERE state = 'quarantined' AND mapping_version <> $4)
-		FROM outbox_items WHERE destination_account = $1 AND feature = $2 AND state IN ('pending', 'leased', 'quarantined')`,
+		SELECT (SELECT count(*) FROM outbox_undecided u JOIN outbox_items o ON o.id = u.item_id
+		         WHERE o.destination_account = $1 AND o.feature = $2 AND o.state IN ('pending', 'leased')
+		           AND o.mapping_version = $3),
+		       (SELECT count(*) FROM outbox_items
+		         WHERE quarantine_reason IS NOT NULL AND destination_account = $1 AND feature = $2
+		           AND mapping_version <> $4)`,
 		account, feature, curVersion, p.Next.MappingVersion).Scan(&p.Staged.InFlight, &p.Staged.Restageable)
 	if err != nil {
 		return MeterPlan{}, fmt.Errorf("provision: meter: staged items: %w", err)

@@ -454,11 +454,13 @@ func fmtQty(v float64) string {
 	return fmt.Sprintf("%g", v)
 }
 
-// unconfirmed finds accepted items older than the confirm horizon.
+// unconfirmed finds accepted items older than the confirm horizon. It reads
+// the unfinished items (outbox_items_unfinished_created_idx, migration
+// 00311: outbox_items has no index on state).
 func (ru *run) unconfirmed(ctx context.Context) error {
 	before := ru.now.Add(-ru.r.opts.ConfirmHorizon)
 	rows, err := ru.r.db.Query(ctx, `SELECT `+ledgerColumns+`
-		WHERE o.destination_account = $1 AND o.state = 'accepted'`, ru.r.opts.Account)
+		WHERE NOT o.finished AND o.destination_account = $1 AND o.state = 'accepted'`, ru.r.opts.Account)
 	if err != nil {
 		return fmt.Errorf("reconciler: unconfirmed: %w", err)
 	}

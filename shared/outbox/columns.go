@@ -47,4 +47,6 @@ var ColumnWriters = map[string]string{
 	"created_at":          "stage (default now())",
 	"updated_at":          "now() on every update but the relay's mark (published_* only, migration 00308), which keeps it; claim and record write now() themselves, the trigger sets it for every other writer (migration 00309)",
 	"leased_at":           "claim (the lease's now: the attempt's started_at)",
+	"finished":            "Postgres (stored generated column, migration 00311): state is confirmed, rejected or quarantined; indexed in place of state so claims and outcomes stay heap-only updates",
+	"uncertain_since":     "Postgres (stored generated column, migration 00311): updated_at while state is uncertain, else NULL",
 }
