@@ -119,32 +119,28 @@ type outboxAgesParams struct {
 // sqlOutboxAges: outbox_items has no index on state (migration 00311: the
 // deliverer's claim and outcome stay heap-only updates), so each age reads
 // an index whose column no claim or outcome moves:
-//   - pending, leased: outbox_undecided (the pending and leased items, plus
-//     those that left since the relay's last trim) in item id order, the
-//     first ageProbe items of the state; ids grow with staging order, and
-//     the oldest created_at among the first ageProbe absorbs staging
-//     transactions that committed out of order.
+//   - pending, leased: outbox_undecided_created_idx (outbox_undecided, the
+//     pending and leased items plus those that left since the relay's last
+//     trim, by the item's created_at), the first row whose item is in the
+//     state.
 //   - accepted: outbox_items_unfinished_created_idx (created_at, items not
-//     yet confirmed, rejected or quarantined), the first accepted one.
+//     yet confirmed, rejected or quarantined), the first accepted one. The
+//     walk passes the unfinished items older than it that are not accepted
+//     (pending, leased, uncertain): normally few, but in a backlog of old
+//     pending items with nothing accepted it reads all of them.
 //   - uncertain: outbox_items_uncertain_since_idx, one probe.
 const sqlOutboxAges = `
 SELECT n.now,
-       greatest(0, coalesce(extract(epoch FROM n.now - (SELECT min(p.created_at) FROM (
-           SELECT o.created_at FROM outbox_undecided u JOIN outbox_items o ON o.id = u.item_id
-           WHERE o.state = 'pending' ORDER BY u.item_id LIMIT ` + ageProbe + `) p)), 0))::float8,
-       greatest(0, coalesce(extract(epoch FROM n.now - (SELECT min(p.created_at) FROM (
-           SELECT o.created_at FROM outbox_undecided u JOIN outbox_items o ON o.id = u.item_id
-           WHERE o.state = 'leased' ORDER BY u.item_id LIMIT ` + ageProbe + `) p)), 0))::float8,
+       greatest(0, coalesce(extract(epoch FROM n.now - (SELECT u.created_at FROM outbox_undecided u
+           JOIN outbox_items o ON o.id = u.item_id WHERE o.state = 'pending' ORDER BY u.created_at LIMIT 1)), 0))::float8,
+       greatest(0, coalesce(extract(epoch FROM n.now - (SELECT u.created_at FROM outbox_undecided u
+           JOIN outbox_items o ON o.id = u.item_id WHERE o.state = 'leased' ORDER BY u.created_at LIMIT 1)), 0))::float8,
        greatest(0, coalesce(extract(epoch FROM n.now - (SELECT created_at FROM outbox_items
            WHERE NOT finished AND state = 'accepted' ORDER BY created_at LIMIT 1)), 0))::float8,
        greatest(0, coalesce(extract(epoch FROM n.now - (SELECT min(uncertain_since) FROM outbox_items
            WHERE uncertain_since IS NOT NULL)), 0))::float8,
        (SELECT coalesce(max(id), 0) FROM outbox_items)
   FROM (SELECT coalesce(@now::timestamptz, now()) AS now) n`
-
-// ageProbe is how many of the lowest-id pending (or leased) items the age
-// gauges read.
-const ageProbe = "100"
 
 func (r *Reader) outboxAges(ctx context.Context, tx pgx.Tx, s *Snapshot) error {
 	p := outboxAgesParams{Now: r.clk.Override()}

@@ -22,7 +22,8 @@
 --   deletes the rows of items that left (relay/sweep.go), so the table is
 --   a superset of the undecided items by at most one sweep interval of
 --   outcomes. Its readers: the sweep, the gauges' pending and leased
---   figures, the demo's drain check.
+--   figures (the oldest by outbox_undecided_created_idx, a copy of the
+--   item's created_at), the demo's drain check.
 --   `generation` counts the item's entries while the row exists: the sweep
 --   deletes a row only at the generation it read, so an item that moves
 --   back into pending while the sweep deletes its row keeps it (the
@@ -47,8 +48,14 @@
 -- run this migration in a maintenance window with the services stopped.
 
 -- +goose Up
+-- No item may be staged or moved between the backfill below and the
+-- triggers that take over from it (the ALTER TABLE further down locks the
+-- table anyway, but only after the backfill has read it).
+LOCK TABLE outbox_items IN SHARE ROW EXCLUSIVE MODE;
+
 CREATE TABLE outbox_undecided (
     item_id    bigint PRIMARY KEY, -- outbox_items.id (no foreign key: the check would lock the item row on every staging)
+    created_at timestamptz NOT NULL, -- the item's created_at (immutable), for the age gauges
     generation integer NOT NULL DEFAULT 1
 ) WITH (
     autovacuum_vacuum_scale_factor = 0.0,
@@ -56,8 +63,10 @@ CREATE TABLE outbox_undecided (
     autovacuum_analyze_scale_factor = 0.05
 );
 
-INSERT INTO outbox_undecided (item_id)
-SELECT id FROM outbox_items WHERE state IN ('pending', 'leased');
+CREATE INDEX outbox_undecided_created_idx ON outbox_undecided (created_at);
+
+INSERT INTO outbox_undecided (item_id, created_at)
+SELECT id, created_at FROM outbox_items WHERE state IN ('pending', 'leased');
 
 -- Staged rows: the publish queue's statement trigger (00308) also records
 -- the undecided ones, in the same pass over the inserted rows.
@@ -69,8 +78,8 @@ BEGIN
     SELECT id, dispatch, CASE WHEN state = 'leased' THEN lease_expires_at ELSE next_attempt_at END
     FROM inserted_items
     WHERE state IN ('pending', 'leased') AND published_dispatch < dispatch;
-    INSERT INTO outbox_undecided (item_id)
-    SELECT id FROM inserted_items WHERE state IN ('pending', 'leased');
+    INSERT INTO outbox_undecided (item_id, created_at)
+    SELECT id, created_at FROM inserted_items WHERE state IN ('pending', 'leased');
     RETURN NULL;
 END
 $$;
@@ -83,7 +92,7 @@ $$;
 CREATE FUNCTION outbox_undecided_reentered() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
-    INSERT INTO outbox_undecided (item_id) VALUES (NEW.id)
+    INSERT INTO outbox_undecided (item_id, created_at) VALUES (NEW.id, NEW.created_at)
     ON CONFLICT (item_id) DO UPDATE SET generation = outbox_undecided.generation + 1;
     RETURN NULL;
 END
