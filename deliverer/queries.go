@@ -595,19 +595,20 @@ func recallItems(ctx context.Context, db DB, p recallParams) (int64, error) {
 // unpublished, due later than now; never attempted, so a row waiting out
 // a retry's backoff is not among them. At most @limit rows.
 //
-// A deferred row is unpublished, so it has a row in outbox_publish_queue
-// due at its new due time (migration 00308's trigger queues every new
-// dispatch): the query reads the queue rows due later than now
-// (outbox_publish_queue_due_idx) and looks each item up by id.
 // outbox_items has no index on state (migration 00311: the claim and the
-// outcome stay heap-only updates). A row whose queue row is being re-judged
-// by a relay at that instant may be missed; it stays due at its estimate.
+// outcome stay heap-only updates), so the query reads the pending and
+// leased items through outbox_undecided and looks each one up by id: a
+// pass over the undecided items, once per lane a process adopts (a lane
+// is adopted at most once; lane.go). A version that read the publish
+// queue's rows due later than now instead missed about half of a dead
+// owner's deferred rows in the kill trial (BENCHMARKS.md, "Heap-only
+// claims and outcomes").
 const adoptQuery = `
 WITH clk AS (SELECT coalesce(@now::timestamptz, now()) AS now),
 me AS (SELECT tenant, feature, destination_account, exporter FROM outbox_items WHERE id = @item)
 SELECT o.id, o.dispatch
-FROM (SELECT DISTINCT q.item_id, q.dispatch FROM outbox_publish_queue q, clk WHERE q.due_at > clk.now) q
-JOIN outbox_items o ON o.id = q.item_id AND o.dispatch = q.dispatch
+FROM outbox_undecided u
+JOIN outbox_items o ON o.id = u.item_id
 CROSS JOIN me CROSS JOIN clk
 WHERE o.state = 'pending' AND o.published_dispatch < o.dispatch AND o.next_attempt_at > clk.now
   AND o.attempts = 0 AND o.id <> @item
