@@ -91,6 +91,17 @@ func batchLanes(t *testing.T, js jetstream.JetStream, subject string, i int) int
 	return len(lanes)
 }
 
+// batchFixture: a database, an embedded JetStream and a relay
+// configuration with AURORA_RELAY_BATCH_MESSAGE_ITEMS at items.
+func batchFixture(t *testing.T, items int) (*pgxpool.Pool, jetstream.JetStream, Config) {
+	t.Helper()
+	pool := newPool(t)
+	_, js := connect(t, natstest.New(t))
+	cfg := testConfig()
+	cfg.BatchMessageItems = items
+	return pool, js, cfg
+}
+
 // TestBatchMessagesOnlyWhereAConsumerAcceptsThem: with
 // AURORA_RELAY_BATCH_MESSAGE_ITEMS at 10, items go out one message each
 // while no consumer says its deliverers accept batches, and in batch
@@ -99,11 +110,7 @@ func batchLanes(t *testing.T, js jetstream.JetStream, subject string, i int) int
 func TestBatchMessagesOnlyWhereAConsumerAcceptsThem(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := natstest.New(t)
-	pool := newPool(t)
-	_, js := connect(t, srv)
-	cfg := testConfig()
-	cfg.BatchMessageItems = 10
+	pool, js, cfg := batchFixture(t, 10)
 	clk := clock.NewManual(time.Now().Add(time.Minute)) // ahead of the database: staged rows are due at once
 	start(t, pool, js, cfg, WithClock(clk))
 
@@ -257,11 +264,7 @@ func TestChunksHoldOneItemOfALane(t *testing.T) {
 func TestBatchesStayInTheItemsPool(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := natstest.New(t)
-	pool := newPool(t)
-	_, js := connect(t, srv)
-	cfg := testConfig()
-	cfg.BatchMessageItems = 50
+	pool, js, cfg := batchFixture(t, 50)
 	if _, err := EnsureStream(ctx, js, cfg.Stream); err != nil {
 		t.Fatal(err)
 	}
